@@ -1,0 +1,2 @@
+// placeholder until the first kernel family lands
+namespace mx {}

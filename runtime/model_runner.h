@@ -1,0 +1,63 @@
+// The contract between the engine loop (runtime/, server/) and a model implementation
+// (the CPU reference or the CUDA engine). The runner owns the weights and the paged KV cache;
+// the runtime owns the block allocator and decides which tokens each sequence computes.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "model/config.h"
+
+namespace mx {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy (argmax, lowest id on ties)
+  float top_p = 1.0f;        // (0, 1]
+  int top_k = 0;             // 0 = off
+  float min_p = 0.0f;        // [0, 1]
+  uint64_t seed = 0;         // per-request; with rng_step makes sampling reproducible
+  int top_logprobs = 0;      // how many alternatives to return (0..20)
+  bool logprobs = false;     // return the chosen token's logprob
+};
+
+// One sequence's work in a step: compute KV for `tokens` at positions
+// [start_pos, start_pos + tokens.size()), and if `sample`, sample the token after the last one.
+struct SeqStep {
+  int64_t seq_id = 0;
+  std::span<const int32_t> tokens;
+  int32_t start_pos = 0;
+  // KV block ids covering positions [0, start_pos + tokens.size()); block b holds positions
+  // [b*block_size, (b+1)*block_size). Blocks below start_pos already hold valid KV.
+  std::span<const int32_t> block_table;
+  bool sample = false;
+  SamplingParams sampling;
+  uint64_t rng_step = 0;     // index of the token being sampled within the request
+};
+
+struct SampleResult {
+  int32_t token = -1;
+  float logprob = 0.0f;      // log-softmax of the raw (temperature-free) logits, as OpenAI reports
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, best first
+};
+
+struct KvCacheShape {
+  int block_size = 16;       // tokens per block
+  int num_blocks = 0;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual KvCacheShape kv_shape() const = 0;
+  // Runs one forward step over all sequences (mixed prefill chunks and decodes) and fills
+  // out[i] for every seqs[i] with sample == true (others are left untouched).
+  // out.size() == seqs.size(). Must not allocate device memory.
+  virtual void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) = 0;
+  // Full-vocabulary fp32 logits of the last computed position of each sampled sequence of the
+  // most recent step, for tests and `generate --dump-logits`; may be empty if not kept.
+  virtual std::span<const float> last_logits(int index) const { (void)index; return {}; }
+};
+
+}  // namespace mx

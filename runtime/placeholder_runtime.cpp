@@ -1,0 +1,2 @@
+// placeholder so the library has a source until the layer lands
+namespace mx {}
