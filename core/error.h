@@ -24,3 +24,18 @@ template <class... Args>
   do {                                            \
     if (!(cond)) ::mx::fail(__VA_ARGS__);         \
   } while (0)
+
+namespace mx {
+
+// A client request that is invalid: `param` names the offending field (OpenAI error body's
+// "param"), e.g. "messages[2].role" or "temperature". Servers answer 400 with it.
+class InvalidRequest : public Error {
+ public:
+  InvalidRequest(std::string param, const std::string& msg) : Error(msg), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
+};
+
+}  // namespace mx
