@@ -1,0 +1,48 @@
+// The reference gpt-oss forward pass on the CPU: fp32 arithmetic on the checkpoint's bf16 and
+// MXFP4 weights, one token at a time against a paged fp32 KV cache. It is the oracle every
+// GPU kernel is checked against, so it favours plain code over speed (the big matvecs are
+// split over a thread pool). Intermediate activations stay fp32 (the GPU path rounds
+// activations to bf16 between kernels; tolerances account for that).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/parallel.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace mx {
+
+// KV storage: for each layer, K and V as [num_blocks][block_size][num_kv_heads * head_dim] fp32.
+struct CpuKvCache {
+  int block_size = 16;
+  int num_blocks = 0;
+  std::vector<std::vector<float>> k, v;  // [layer]
+  void allocate(const ModelConfig& cfg, int block_size, int num_blocks);
+};
+
+class CpuReference {
+ public:
+  CpuReference(const ModelConfig& cfg, const ModelWeights& w, ThreadPool* pool);
+
+  // Computes token `token` at position `pos` of a sequence whose KV blocks are `block_table`
+  // (positions < pos must already be in the cache); writes its K/V. If logits != nullptr,
+  // writes the fp32 logits [vocab_size] of this position.
+  void forward_token(int32_t token, int pos, const int32_t* block_table, CpuKvCache& kv, float* logits);
+
+ private:
+  void matvec_bf16(const uint16_t* w, const uint16_t* bias, const float* x, float* y, int rows, int cols);
+  void rmsnorm(const float* x, const uint16_t* gamma, float* y) const;
+  void attention(int layer, int pos, const int32_t* block_table, CpuKvCache& kv);
+  void moe(int layer);
+
+  const ModelConfig& cfg_;
+  const ModelWeights& w_;
+  ThreadPool* pool_;
+  std::vector<float> inv_freq_;
+  float concentration_ = 1.0f;
+  // Scratch, sized once.
+  std::vector<float> x_, t_, q_, k_, v_, attn_, proj_, router_, h_, act_, y_, moe_out_;
+};
+
+}  // namespace mx

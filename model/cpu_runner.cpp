@@ -1,0 +1,49 @@
+#include "model/cpu_runner.h"
+
+#include <limits>
+
+#include "core/error.h"
+#include "model/sampler.h"
+
+namespace mx {
+
+CpuRunner::CpuRunner(const CpuRunnerOptions& opt)
+    : cfg_(load_model_config(opt.model_dir)),
+      ckpt_(Checkpoint::open(opt.model_dir)),
+      weights_(bind_weights(ckpt_, cfg_)),
+      pool_(opt.num_threads) {
+  if (opt.kv_block_size < 1 || opt.kv_tokens < opt.kv_block_size)
+    fail("KV cache of {} tokens in blocks of {} is too small", opt.kv_tokens, opt.kv_block_size);
+  ref_ = std::make_unique<CpuReference>(cfg_, weights_, &pool_);
+  kv_.allocate(cfg_, opt.kv_block_size, opt.kv_tokens / opt.kv_block_size);
+  vocab_limit_ = opt.vocab_limit > 0 && opt.vocab_limit < cfg_.vocab_size ? opt.vocab_limit : cfg_.vocab_size;
+}
+
+void CpuRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
+  logits_.resize(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqStep& s = seqs[i];
+    const int n = int(s.tokens.size());
+    const int end = s.start_pos + n;
+    MX_CHECK(int64_t(s.block_table.size()) * kv_.block_size >= end, "sequence {}: block table covers {} positions, needs {}",
+             s.seq_id, s.block_table.size() * kv_.block_size, end);
+    for (int32_t b : s.block_table)
+      MX_CHECK(b >= 0 && b < kv_.num_blocks, "sequence {}: KV block {} out of range", s.seq_id, b);
+    if (s.sample) logits_[i].resize(cfg_.vocab_size);
+    for (int t = 0; t < n; ++t) {
+      const bool last = (t == n - 1) && s.sample;
+      ref_->forward_token(s.tokens[t], s.start_pos + t, s.block_table.data(), kv_, last ? logits_[i].data() : nullptr);
+    }
+    if (s.sample) {
+      for (int v = vocab_limit_; v < cfg_.vocab_size; ++v) logits_[i][v] = -std::numeric_limits<float>::infinity();
+      out[i] = sample_token(logits_[i].data(), vocab_limit_, s.sampling, s.rng_step, scratch_);
+    }
+  }
+}
+
+std::span<const float> CpuRunner::last_logits(int index) const {
+  if (index < 0 || size_t(index) >= logits_.size()) return {};
+  return logits_[index];
+}
+
+}  // namespace mx

@@ -1,0 +1,44 @@
+// ModelRunner on the CPU reference: maps the checkpoint, owns the fp32 paged KV cache, runs
+// each sequence's tokens through CpuReference and samples on the host.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "model/checkpoint.h"
+#include "model/cpu_reference.h"
+#include "model/model_runner.h"
+#include "model/weights.h"
+
+namespace mx {
+
+struct CpuRunnerOptions {
+  std::string model_dir;
+  int num_threads = 0;         // 0 = all cores
+  int kv_block_size = 16;
+  int kv_tokens = 16384;       // KV capacity in tokens (all sequences together)
+  int vocab_limit = 0;         // ids >= this are never sampled (tokenizer size); 0 = model vocab
+};
+
+class CpuRunner : public ModelRunner {
+ public:
+  explicit CpuRunner(const CpuRunnerOptions& opt);  // throws mx::Error on a bad checkpoint
+  const ModelConfig& config() const override { return cfg_; }
+  KvCacheShape kv_shape() const override { return {kv_.block_size, kv_.num_blocks}; }
+  void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override;
+  std::span<const float> last_logits(int index) const override;
+
+ private:
+  ModelConfig cfg_;
+  Checkpoint ckpt_;
+  ModelWeights weights_;
+  ThreadPool pool_;
+  std::unique_ptr<CpuReference> ref_;
+  CpuKvCache kv_;
+  int vocab_limit_;
+  std::vector<std::vector<float>> logits_;  // per sampled sequence of the last step
+  std::vector<float> scratch_;
+};
+
+}  // namespace mx

@@ -1,0 +1,18 @@
+// Token sampling on the host (CPU path and tests): greedy, temperature, top-k, top-p, min-p.
+// Reproducible: the draw for a request's n-th token depends only on (seed, n).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/model_runner.h"
+
+namespace mx {
+
+// logits[vocab] (raw, fp32). Ids >= vocab are never returned. scratch is reused across calls.
+SampleResult sample_token(const float* logits, int vocab, const SamplingParams& p, uint64_t rng_step,
+                          std::vector<float>& scratch);
+
+// Uniform [0, 1) from (seed, step): splitmix64-based, identical on every machine.
+double sample_uniform(uint64_t seed, uint64_t step);
+
+}  // namespace mx
