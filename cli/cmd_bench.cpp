@@ -1,13 +1,179 @@
+// `mxserve bench`: llama-bench style prefill (ppN) and decode (tgN) throughput at a KV depth.
 #include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#ifdef MXSERVE_HAVE_CUDA
+#include "kernels/engine/cuda_runner.h"
+#endif
 
 namespace mx::cli {
+namespace {
+
+struct BenchOptions {
+  std::string preset, model;
+  std::vector<int> pp{512}, tg{128}, batch{1};
+  int depth = 0, reps = 5;
+  bool json = false;
+  float gpu_mem = 0.9f;
+};
+
+struct Stat { double mean = 0, sd = 0; };
+Stat stat(const std::vector<double>& v) {
+  Stat s;
+  for (double x : v) s.mean += x;
+  s.mean /= v.size();
+  for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
+  s.sd = v.size() > 1 ? std::sqrt(s.sd / (v.size() - 1)) : 0;
+  return s;
+}
+
+#ifdef MXSERVE_HAVE_CUDA
+void run_bench(const BenchOptions& o) {
+  if (o.preset.empty() == o.model.empty()) fail("bench: give exactly one of --preset or --model");
+  const int max_b = *std::max_element(o.batch.begin(), o.batch.end());
+  const int max_pp = *std::max_element(o.pp.begin(), o.pp.end());
+  const int max_tg = *std::max_element(o.tg.begin(), o.tg.end());
+  CudaEngineOptions eo;
+  eo.dummy_weights = !o.preset.empty();
+  eo.preset = o.preset;
+  eo.model_dir = o.model;
+  eo.gpu_memory_utilization = o.gpu_mem;
+  eo.block_size = 16;
+  eo.max_model_len = o.depth + std::max(max_pp, max_tg) + 16;
+  eo.max_num_seqs = max_b;
+  eo.max_tokens_per_step = std::max({max_b, 2048});
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = make_cuda_runner(eo);
+  const auto ls = r->load_stats();
+  std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ls.weight_bytes / 1e9,
+               ls.upload_gbps, ls.kv_bytes / 1e9);
+  const double copy_gbps = measure_d2d_bandwidth_gbps(size_t(1) << 30);
+  const int bs = eo.block_size, V = r->config().vocab_size;
+  const int depth_blocks = (o.depth + bs - 1) / bs;
+  const int seq_blocks = (eo.max_model_len + bs - 1) / bs;
+  if ((seq_blocks - depth_blocks) * max_b + depth_blocks > r->kv_shape().num_blocks)
+    fail("bench: KV cache of {} blocks is too small for batch {} at depth {}", r->kv_shape().num_blocks, max_b, o.depth);
+  // Every sequence shares the prefix blocks holding the depth (filled once, as prefix caching
+  // would), then owns its tail blocks.
+  auto table = [&](int b) {
+    std::vector<int32_t> t(seq_blocks);
+    for (int i = 0; i < seq_blocks; ++i) t[i] = i < depth_blocks ? i : depth_blocks + b * (seq_blocks - depth_blocks) + (i - depth_blocks);
+    return t;
+  };
+  std::vector<int32_t> toks(std::max({o.depth, max_pp, 1}));
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 7919 + 13) % V);
+  auto prefill = [&](int start, int n, const std::vector<int32_t>& bt) {
+    for (int off = 0; off < n; off += eo.max_tokens_per_step) {
+      const int len = std::min(eo.max_tokens_per_step, n - off);
+      SeqStep s;
+      s.tokens = std::span<const int32_t>(toks.data() + (off % int(toks.size())), std::min<size_t>(len, toks.size() - off % toks.size()));
+      s.start_pos = start + off;
+      s.block_table = bt;
+      s.sample = off + len >= n;
+      SampleResult res;
+      r->step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
+    }
+  };
+  const auto bt0 = table(0);
+  if (o.depth > 0) prefill(0, o.depth, bt0);
+  struct Row { std::string test; int batch; Stat tps; double gbps = 0, pct = 0, bytes = 0; };
+  std::vector<Row> rows;
+  for (int n : o.pp) {
+    std::vector<double> v;
+    prefill(o.depth, n, bt0);  // warm-up
+    for (int rep = 0; rep < o.reps; ++rep) {
+      auto a = std::chrono::steady_clock::now();
+      prefill(o.depth, n, bt0);
+      v.push_back(n / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    }
+    rows.push_back({"pp" + std::to_string(n), 1, stat(v)});
+  }
+  for (int n : o.tg)
+    for (int B : o.batch) {
+      std::vector<std::vector<int32_t>> bts(B);
+      for (int b = 0; b < B; ++b) bts[b] = table(b);
+      std::vector<int32_t> tk(B, 1);
+      std::vector<SeqStep> steps(B);
+      std::vector<SampleResult> out(B);
+      auto run_tg = [&] {
+        for (int t = 0; t < n; ++t) {
+          for (int b = 0; b < B; ++b) {
+            steps[b].seq_id = b;
+            steps[b].tokens = std::span<const int32_t>(&tk[b], 1);
+            steps[b].start_pos = o.depth + t;
+            steps[b].block_table = bts[b];
+            steps[b].sample = true;
+          }
+          r->step(steps, out);
+          for (int b = 0; b < B; ++b) tk[b] = out[b].token;
+        }
+      };
+      run_tg();  // warm-up
+      std::vector<double> v;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        auto a = std::chrono::steady_clock::now();
+        run_tg();
+        v.push_back(double(n) * B / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+      }
+      Row row{"tg" + std::to_string(n), B, stat(v)};
+      const auto& c = r->config();
+      const double kv_bytes = double(o.depth + n / 2) * c.kv_dim() * 2 * 2 * c.num_layers;  // K+V read per token (full layers bound)
+      row.bytes = r->decode_weight_bytes(B) / B + kv_bytes;
+      row.gbps = row.bytes * row.tps.mean / 1e9;
+      row.pct = 100.0 * row.gbps / copy_gbps;
+      rows.push_back(row);
+    }
+  const std::string model = o.model.empty() ? "dummy " + o.preset : o.model;
+  if (o.json) {
+    std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"results\":[", model.c_str(),
+                cuda_device_name().c_str(), o.depth, copy_gbps);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::printf("%s{\"test\":\"%s\",\"batch\":%d,\"tok_s\":%.2f,\"sd\":%.2f,\"bytes_per_token\":%.0f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f}",
+                  i ? "," : "", rows[i].test.c_str(), rows[i].batch, rows[i].tps.mean, rows[i].tps.sd, rows[i].bytes,
+                  rows[i].gbps, rows[i].pct);
+    std::printf("]}\n");
+  } else {
+    std::printf("model %s | GPU %s | depth %d | D2D copy bandwidth %.1f GB/s | reps %d\n", model.c_str(),
+                cuda_device_name().c_str(), o.depth, copy_gbps, o.reps);
+    std::printf("| test | batch | tok/s | MB/token | GB/s | %% copy BW |\n|---|---|---|---|---|---|\n");
+    for (auto& r2 : rows)
+      std::printf("| %s @ d%d | %d | %.1f ± %.1f | %.1f | %.0f | %.1f |\n", r2.test.c_str(), o.depth, r2.batch,
+                  r2.tps.mean, r2.tps.sd, r2.bytes / 1e6, r2.gbps, r2.pct);
+  }
+}
+#endif
+
+}  // namespace
 
 void add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "(not implemented yet)");
-  cmd->callback([] { fail("'bench' is not implemented yet"); });
+  auto* cmd = app.add_subcommand("bench", "Prefill/decode throughput (llama-bench method) on the CUDA engine");
+  auto o = std::make_shared<BenchOptions>();
+  cmd->add_option("--preset", o->preset, "dummy weights at this shape: 120b | 20b");
+  cmd->add_option("--model", o->model, "checkpoint directory");
+  cmd->add_option("--pp", o->pp, "prefill lengths")->delimiter(',');
+  cmd->add_option("--tg", o->tg, "decode lengths")->delimiter(',');
+  cmd->add_option("--batch", o->batch, "decode batch sizes")->delimiter(',');
+  cmd->add_option("--depth", o->depth, "KV depth filled before each test")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
+  cmd->add_option("--gpu-memory-utilization", o->gpu_mem, "fraction of GPU memory to use")->check(CLI::Range(0.05, 1.0));
+  cmd->add_flag("--json", o->json, "JSON output");
+  cmd->callback([o] {
+#ifdef MXSERVE_HAVE_CUDA
+    run_bench(*o);
+#else
+    fail("bench needs the CUDA engine (this build has MXSERVE_CUDA off)");
+#endif
+  });
 }
 
 }  // namespace mx::cli

@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "harmony/harmony.h"
 #include "model/cpu_runner.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,9 +26,18 @@ struct GenerateOptions {
 
 void run_generate(const GenerateOptions& o) {
   if (o.device != "cpu") fail("--device {}: the CUDA engine is not available in this build; use --device cpu", o.device);
-  if (o.chat) fail("--chat needs the harmony renderer, which is not in this build yet");
   auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
-  std::vector<int32_t> prompt = tok->encode(o.prompt, /*allow_special=*/false);
+  std::vector<int32_t> prompt, stops;
+  if (o.chat) {
+    harmony::ChatRequest req;
+    harmony::Message& m = req.messages.emplace_back();
+    m.role = "user";
+    m.content = o.prompt;
+    prompt = harmony::render_chat(req, *tok).tokens;
+    stops = harmony::stop_token_ids(*tok);  // <|return|>, <|call|>
+  } else {
+    prompt = tok->encode(o.prompt, /*allow_special=*/false);
+  }
   if (prompt.empty()) fail("the prompt is empty");
 
   CpuRunnerOptions ro;
@@ -38,6 +48,7 @@ void run_generate(const GenerateOptions& o) {
   ro.vocab_limit = tok->vocab_size();
   CpuRunner runner(ro);
   const ModelConfig& cfg = runner.config();
+  if (!o.chat) stops = cfg.eos_token_ids;
   if (int(prompt.size()) + o.max_tokens > cfg.max_position_embeddings)
     fail("prompt ({} tokens) + max tokens ({}) exceed the model's {} positions", prompt.size(), o.max_tokens,
          cfg.max_position_embeddings);
@@ -56,7 +67,7 @@ void run_generate(const GenerateOptions& o) {
   int32_t next = res[0].token;
   for (;;) {
     ++generated;
-    if (std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) != cfg.eos_token_ids.end()) break;
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
     std::string text = dec.push(next);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);

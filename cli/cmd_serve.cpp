@@ -1,13 +1,138 @@
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <thread>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "model/cpu_runner.h"
+#include "model/fixture.h"
+#include "runtime/engine.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
 
 namespace mx::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model_dir;
+  server::ServerOptions srv;
+  int max_model_len = 0;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  int max_waiting = 256;
+  double gpu_memory_utilization = 0.9;
+  std::string kv_cache_dtype = "auto";
+  std::string device = "cpu";
+  int threads = 0;
+  int kv_tokens = 16384;
+  double drain_timeout_s = 30;
+};
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) { g_signal.store(sig); }
+
+std::string demo_model_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::filesystem::path base = xdg && *xdg ? xdg : (home && *home ? std::filesystem::path(home) / ".cache" : std::filesystem::temp_directory_path());
+  std::filesystem::path dir = base / "mxserve" / "demo-tiny";
+  if (!std::filesystem::exists(dir / "config.json") || !std::filesystem::exists(dir / "model.safetensors.index.json")) {
+    log::info("writing the tiny demo model to {}", dir.string());
+    std::filesystem::create_directories(dir);
+    FixtureOptions fo;
+    fo.preset = "tiny";
+    fo.out_dir = dir.string();
+    write_fixture(fo);
+  }
+  return dir.string();
+}
+
+void run_serve(ServeOptions o) {
+  if (o.device != "cpu") fail("--device {}: the CUDA engine is not available in this build; use --device cpu", o.device);
+  if (o.kv_cache_dtype == "fp8") fail("--kv-cache-dtype fp8 is not implemented on the CPU runner; use auto or bf16");
+  if (o.model_dir.empty()) {
+    o.model_dir = demo_model_dir();
+    log::warn("no --model given: serving the tiny demo model with RANDOM weights; answers are random text");
+    if (o.srv.model_name.empty()) o.srv.model_name = "mxserve-demo-tiny";
+  }
+  if (o.srv.model_name.empty()) o.srv.model_name = std::filesystem::path(o.model_dir).filename().string();
+  if (o.srv.model_name.empty()) o.srv.model_name = o.model_dir;
+
+  server::Server srv(o.srv);
+  if (!srv.bind()) fail("cannot listen on {}:{} (in use or not permitted)", o.srv.host, o.srv.port);
+  log::info("listening on http://{}:{} (model '{}')", o.srv.host, srv.port(), o.srv.model_name);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  std::thread http([&] { srv.listen(); });
+
+  // Load in the background of the running HTTP server: /health answers meanwhile.
+  std::unique_ptr<CpuRunner> runner;
+  std::unique_ptr<runtime::Engine> engine;
+  std::shared_ptr<const Tokenizer> tok;
+  try {
+    log::info("loading tokenizer and weights from {}", o.model_dir);
+    tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
+    CpuRunnerOptions ro;
+    ro.model_dir = o.model_dir;
+    ro.num_threads = o.threads;
+    ro.kv_tokens = o.kv_tokens;
+    ro.vocab_limit = tok->vocab_size();
+    runner = std::make_unique<CpuRunner>(ro);
+    runtime::EngineOptions eo{.max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = o.max_num_batched_tokens,
+                              .max_waiting = o.max_waiting, .max_model_len = o.max_model_len};
+    const ModelConfig& cfg = runner->config();
+    if (eo.max_model_len > cfg.max_position_embeddings)
+      fail("--max-model-len {} exceeds the model's {} positions", eo.max_model_len, cfg.max_position_embeddings);
+    // A request longer than the whole KV pool could never run: cap the context to it.
+    if (eo.max_model_len == 0) eo.max_model_len = std::min(cfg.max_position_embeddings, o.kv_tokens);
+    if (eo.max_model_len > o.kv_tokens) fail("--max-model-len {} exceeds the KV capacity of {} tokens (--kv-tokens)", eo.max_model_len, o.kv_tokens);
+    engine = std::make_unique<runtime::Engine>(*runner, eo);
+    engine->start();
+    srv.attach(engine.get(), tok, cfg.eos_token_ids);
+    log::info("model loaded: {} layers, max_model_len {}, KV {} blocks x {} tokens", cfg.num_layers,
+              engine->max_model_len(), runner->kv_shape().num_blocks, runner->kv_shape().block_size);
+  } catch (...) {
+    srv.stop();
+    http.join();
+    throw;
+  }
+  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  log::info("signal {}: draining (up to {} s)", g_signal.load(), o.drain_timeout_s);
+  engine->drain_and_stop(std::chrono::milliseconds(int64_t(o.drain_timeout_s * 1000)));
+  // Give streaming handlers a moment to write their final chunks before closing sockets.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  srv.stop();
+  http.join();
+  log::info("shut down");
+}
+
+}  // namespace
 
 void add_serve_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("serve", "(not implemented yet)");
-  cmd->callback([] { fail("'serve' is not implemented yet"); });
+  auto o = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
+  cmd->add_option("--model", o->model_dir, "model directory (HF layout); none = tiny random demo model");
+  cmd->add_option("--host", o->srv.host)->capture_default_str();
+  cmd->add_option("--port", o->srv.port, "0 = any free port")->capture_default_str()->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", o->srv.api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--served-model-name", o->srv.model_name);
+  cmd->add_option("--max-model-len", o->max_model_len, "0 = the model's")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-num-seqs", o->max_num_seqs)->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens)->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-waiting", o->max_waiting, "queued requests beyond this get 429")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8")->capture_default_str()->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_option("--kv-tokens", o->kv_tokens, "CPU: KV capacity in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 24));
+  cmd->add_option("--device", o->device, "cpu|cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--request-timeout", o->srv.request_timeout_s, "seconds")->capture_default_str()->check(CLI::Range(1.0, 86400.0));
+  cmd->add_option("--drain-timeout", o->drain_timeout_s, "seconds to finish in-flight requests on SIGTERM")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  cmd->callback([o] { run_serve(*o); });
 }
 
 }  // namespace mx::cli

@@ -34,11 +34,16 @@ struct ChatRequest {
   std::string current_date;                        // YYYY-MM-DD; empty = omit the line
   std::string model_identity = "You are ChatGPT, a large language model trained by OpenAI.";
   std::string knowledge_cutoff = "2024-06";
+  // Added: "tools" in the body's key order (JSON schema property order is what the model sees;
+  // nlohmann::json sorts keys). Null = use `tools`.
+  nlohmann::ordered_json tools_ordered;
 };
 
 // Builds a ChatRequest from the OpenAI body fields (messages, tools, reasoning_effort).
 // Throws mx::InvalidRequest naming the parameter (e.g. "messages[1].role").
 ChatRequest chat_request_from_json(const nlohmann::json& body);
+// Added: same, keeping the body's key order for tool schemas (what the server should call).
+ChatRequest chat_request_from_json(const nlohmann::ordered_json& body);
 
 struct Rendered {
   std::string text;              // prompt text, special tokens written out

@@ -9,6 +9,23 @@
 #include "model/rope.h"
 
 namespace mx {
+namespace {
+// dot(decoded MXFP4 row of K elements, x) without materialising the row (exact decode: the
+// E2M1 value times a power of two is exact in fp32; only the fp32 accumulation rounds).
+float f32_dot_mxfp4_row(const uint8_t* blocks, const uint8_t* scales, const float* x, int K) {
+  float acc = 0;
+  for (int g = 0; g < K / 32; ++g) {
+    const float m = e8m0_to_f32(scales[g]);
+    float part = 0;
+    for (int j = 0; j < 16; ++j) {
+      const uint8_t b = blocks[g * 16 + j];
+      part += kFp4Values[b & 0x0f] * x[g * 32 + 2 * j] + kFp4Values[b >> 4] * x[g * 32 + 2 * j + 1];
+    }
+    acc += part * m;
+  }
+  return acc;
+}
+}  // namespace
 
 void CpuKvCache::allocate(const ModelConfig& cfg, int bs, int nb) {
   block_size = bs;
@@ -35,6 +52,9 @@ CpuReference::CpuReference(const ModelConfig& cfg, const ModelWeights& w, Thread
   act_.resize(size_t(cfg.intermediate_size) * cfg.experts_per_token);
   y_.resize(size_t(H) * cfg.experts_per_token);
   moe_out_.resize(H);
+  expert_idx_.resize(cfg.num_experts);
+  expert_w_.resize(cfg.experts_per_token);
+  scores_.resize(size_t(std::clamp(cfg.max_position_embeddings, 1, 1 << 16)));
 }
 
 void CpuReference::matvec_bf16(const uint16_t* w, const uint16_t* bias, const float* x, float* y, int rows, int cols) {
@@ -70,7 +90,9 @@ void CpuReference::attention(int l, int pos, const int32_t* block_table, CpuKvCa
   // Sliding layers see the last `sliding_window` positions including this one.
   const int lo = cfg_.layer_is_sliding[l] ? std::max(0, pos - cfg_.sliding_window + 1) : 0;
   const float scale = 1.0f / std::sqrt(float(D));
-  std::vector<float> s(pos - lo + 1);
+  if (scores_.size() < size_t(pos - lo + 1)) scores_.resize(size_t(pos - lo + 1));  // grows rarely
+  float* s = scores_.data();
+  const int n = pos - lo + 1;
   for (int h = 0; h < Hq; ++h) {
     const int kvh = h / group;
     const float* q = &q_[size_t(h) * D];
@@ -84,9 +106,9 @@ void CpuReference::attention(int l, int pos, const int32_t* block_table, CpuKvCa
       m = std::max(m, s[j - lo]);
     }
     double denom = std::exp(double(sink) - m);
-    for (auto& e : s) {
-      e = float(std::exp(double(e) - m));
-      denom += e;
+    for (int j = 0; j < n; ++j) {
+      s[j] = float(std::exp(double(s[j]) - m));
+      denom += s[j];
     }
     float* o = &attn_[size_t(h) * D];
     std::fill(o, o + D, 0.0f);
@@ -103,12 +125,12 @@ void CpuReference::moe(int l) {
   const int H = cfg_.hidden_size, I = cfg_.intermediate_size, E = cfg_.num_experts, K = cfg_.experts_per_token;
   matvec_bf16(L.router_w, L.router_b, t_.data(), router_.data(), E, H);
   // Top-k on raw logits (lowest index wins ties), then softmax over the k.
-  std::vector<int> idx(E);
+  std::vector<int>& idx = expert_idx_;
   std::iota(idx.begin(), idx.end(), 0);
   std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int a, int b) {
     return router_[a] > router_[b] || (router_[a] == router_[b] && a < b);
   });
-  std::vector<float> g(K);
+  std::vector<float>& g = expert_w_;
   float m = router_[idx[0]];
   double z = 0;
   for (int j = 0; j < K; ++j) z += (g[j] = std::exp(router_[idx[j]] - m));
@@ -118,13 +140,10 @@ void CpuReference::moe(int l) {
   const size_t up_row = H / 2, up_scale_row = H / 32, down_row = I / 2, down_scale_row = I / 32;
   // FC1 + SwiGLU: rows of the K experts in parallel.
   pool_->parallel_for(int64_t(K) * 2 * I, [&](int64_t b, int64_t e) {
-    std::vector<float> wrow(H);
     for (int64_t r = b; r < e; ++r) {
       int j = int(r / (2 * I)), row = int(r % (2 * I)), ex = idx[j];
       size_t R = size_t(ex) * 2 * I + row;
-      mxfp4_decode_row(L.gate_up_blocks + R * up_row, L.gate_up_scales + R * up_scale_row, H, wrow.data());
-      float acc = 0;
-      for (int c = 0; c < H; ++c) acc += wrow[c] * t_[c];
+      float acc = f32_dot_mxfp4_row(L.gate_up_blocks + R * up_row, L.gate_up_scales + R * up_scale_row, t_.data(), H);
       h_[r] = acc + bf16_to_f32(L.gate_up_bias[R]);
     }
   });
@@ -137,13 +156,10 @@ void CpuReference::moe(int l) {
       act_[size_t(j) * I + i] = glu * (up + 1.0f);
     }
   pool_->parallel_for(int64_t(K) * H, [&](int64_t b, int64_t e) {
-    std::vector<float> wrow(I);
     for (int64_t r = b; r < e; ++r) {
       int j = int(r / H), row = int(r % H), ex = idx[j];
       size_t R = size_t(ex) * H + row;
-      mxfp4_decode_row(L.down_blocks + R * down_row, L.down_scales + R * down_scale_row, I, wrow.data());
-      float acc = 0;
-      for (int c = 0; c < I; ++c) acc += wrow[c] * act_[size_t(j) * I + c];
+      float acc = f32_dot_mxfp4_row(L.down_blocks + R * down_row, L.down_scales + R * down_scale_row, &act_[size_t(j) * I], I);
       y_[r] = acc + bf16_to_f32(L.down_bias[R]);
     }
   });

@@ -42,7 +42,9 @@ class CpuReference {
   std::vector<float> inv_freq_;
   float concentration_ = 1.0f;
   // Scratch, sized once.
-  std::vector<float> x_, t_, q_, k_, v_, attn_, proj_, router_, h_, act_, y_, moe_out_;
+  std::vector<float> x_, t_, q_, k_, v_, attn_, proj_, router_, h_, act_, y_, moe_out_, expert_w_;
+  std::vector<int> expert_idx_;
+  std::vector<float> scores_;  // attention scores of one head; grows to the longest context seen
 };
 
 }  // namespace mx

@@ -14,6 +14,12 @@
 #include "core/parallel.h"
 #include "model/tensor_specs.h"
 
+// Byte-identical output everywhere: forbid fusing n*std + 1 into an FMA (GCC contracts across
+// statements by default, and does emit FMA on aarch64 or with -march=native).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 namespace mx {
 namespace {
 

@@ -17,7 +17,7 @@ struct FixtureOptions {
   std::string out_dir;
   // Directory holding tokenizer.json (+ tokenizer_config.json) to copy into the fixture.
   std::string tokenizer_dir = std::string(MXSERVE_ASSET_DIR) + "/tokenizer";
-  uint64_t max_shard_bytes = 4ull << 30;  // shards split at tensor boundaries
+  uint64_t max_shard_bytes = 4000000000ull;  // shards split at tensor boundaries (= the CLI default, 4 GB)
 };
 
 // The config the options describe (preset + overrides).

@@ -3,6 +3,7 @@
 # ctest label 'gpu' and run on a GPU machine with scripts/test-gpu.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/setup.sh   # idempotent: installs what is missing, fetches the tokenizer asset
 jobs=$(nproc)
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$jobs"

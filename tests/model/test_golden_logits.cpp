@@ -114,6 +114,8 @@ void check_golden(const fs::path& golden_path) {
 void run_golden(const char* name) {
   fs::path path = fs::path(MX_SOURCE_DIR) / "tests/data/goldens" / name;
   if (!fs::exists(path)) GTEST_SKIP() << path << " is missing (make it with tools/goldens/make_logits.py)";
+  if (!fs::exists(std::string(MXSERVE_ASSET_DIR) + "/tokenizer/tokenizer.json"))
+    GTEST_SKIP() << "run scripts/setup.sh first (tokenizer asset missing)";
   check_golden(path);
 }
 

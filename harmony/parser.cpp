@@ -1,0 +1,141 @@
+// Streaming parser of generated harmony tokens. It starts inside an assistant header (the prompt
+// ends with "<|start|>assistant") and never throws on model output: a malformed header or a
+// missing <|start|> degrades to plain content, a truncated message is flushed by finish().
+#include <optional>
+
+#include "harmony/harmony.h"
+
+namespace mx::harmony {
+
+struct StreamParser::Impl {
+  enum class State { kHeader, kContent, kExpectStart, kDone };
+  enum class Target { kReasoning, kContent, kTool };
+
+  std::shared_ptr<const Tokenizer> tok;
+  IncrementalDecoder dec;
+  int32_t t_start, t_end, t_message, t_channel, t_constrain, t_return, t_call;
+  State state = State::kHeader;
+  Target target = Target::kContent;
+  std::string header;
+  int header_tokens = 0;
+  bool tool_call_end = false;
+
+  explicit Impl(std::shared_ptr<const Tokenizer> t) : tok(t), dec(t) {
+    auto id = [&](const char* s) { return tok->token_id(s).value_or(-1); };
+    t_start = id("<|start|>");
+    t_end = id("<|end|>");
+    t_message = id("<|message|>");
+    t_channel = id("<|channel|>");
+    t_constrain = id("<|constrain|>");
+    t_return = id("<|return|>");
+    t_call = id("<|call|>");
+  }
+
+  static std::string word_after(const std::string& s, size_t pos) {
+    size_t e = pos;
+    while (e < s.size() && !std::isspace(static_cast<unsigned char>(s[e])) && s[e] != '<') ++e;
+    return s.substr(pos, e - pos);
+  }
+
+  // Header text such as "<|channel|>commentary to=functions.f <|constrain|>json" or
+  // " to=functions.f<|channel|>commentary json" (role word already consumed or present).
+  void begin_message(std::vector<Event>& out) {
+    std::string channel, recipient;
+    size_t c = header.find("<|channel|>");
+    if (c != std::string::npos) channel = word_after(header, c + 11);
+    size_t r = header.find("to=");
+    if (r != std::string::npos) recipient = word_after(header, r + 3);
+    if (recipient.rfind("functions.", 0) == 0 && recipient.size() > 10) {
+      target = Target::kTool;
+      out.push_back({Event::Kind::kToolCallBegin, "", recipient.substr(10)});
+    } else if (channel == "analysis" || !recipient.empty()) {
+      target = Target::kReasoning;  // built-in tool calls (browser, python) are not surfaced either
+    } else {
+      target = Target::kContent;    // final, commentary preambles, unknown channels
+    }
+    header.clear();
+    header_tokens = 0;
+    state = State::kContent;
+  }
+
+  void emit_text(const std::string& text, std::vector<Event>& out) {
+    if (text.empty()) return;
+    Event::Kind k = target == Target::kReasoning ? Event::Kind::kReasoning
+                    : target == Target::kTool    ? Event::Kind::kToolCallArguments
+                                                 : Event::Kind::kContent;
+    if (!out.empty() && out.back().kind == k && k != Event::Kind::kToolCallBegin) out.back().text += text;
+    else out.push_back({k, text, ""});
+  }
+
+  void end_message(std::vector<Event>& out) {
+    emit_text(dec.flush(), out);
+    if (target == Target::kTool) out.push_back({Event::Kind::kToolCallEnd, "", ""});
+  }
+
+  void push(int32_t t, std::vector<Event>& out) {
+    if (state == State::kDone || t < 0 || t >= tok->vocab_size()) return;
+    const bool is_stop = t == t_return || t == t_call;
+    switch (state) {
+      case State::kHeader:
+        if (t == t_message) {
+          begin_message(out);
+        } else if (is_stop || t == t_end) {
+          header.clear();  // a stop inside a header: nothing to report
+          state = is_stop ? State::kDone : State::kExpectStart;
+        } else if (++header_tokens > 64) {
+          // Not a header after all: surface what was collected as content.
+          std::string text = header;
+          header.clear();
+          target = Target::kContent;
+          state = State::kContent;
+          emit_text(text, out);
+        } else {
+          header += tok->token_bytes(t);
+        }
+        return;
+      case State::kContent:
+        if (t == t_end || is_stop) {
+          tool_call_end = (t == t_call) && target == Target::kTool;
+          end_message(out);
+          state = is_stop ? State::kDone : State::kExpectStart;
+        } else {
+          emit_text(dec.push(t), out);
+        }
+        return;
+      case State::kExpectStart:
+        if (t == t_start) {
+          state = State::kHeader;
+        } else if (is_stop) {
+          state = State::kDone;
+        } else {
+          // Text without a header: treat it as user-visible content.
+          target = Target::kContent;
+          state = State::kContent;
+          emit_text(dec.push(t), out);
+        }
+        return;
+      case State::kDone:
+        return;
+    }
+  }
+};
+
+StreamParser::StreamParser(std::shared_ptr<const Tokenizer> tok) : impl_(std::make_unique<Impl>(std::move(tok))) {}
+StreamParser::~StreamParser() = default;
+
+std::vector<Event> StreamParser::push(int32_t token) {
+  std::vector<Event> out;
+  impl_->push(token, out);
+  return out;
+}
+
+std::vector<Event> StreamParser::finish() {
+  std::vector<Event> out;
+  if (impl_->state == Impl::State::kContent) impl_->end_message(out);
+  impl_->state = Impl::State::kDone;
+  return out;
+}
+
+bool StreamParser::saw_tool_call_end() const { return impl_->tool_call_end; }
+
+}  // namespace mx::harmony

@@ -1,0 +1,45 @@
+// The CUDA engine behind mx::ModelRunner. Include only when MXSERVE_HAVE_CUDA is defined;
+// `mxserve generate --device cuda`, serve and bench build the runner through make_cuda_runner.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "model/model_runner.h"
+
+namespace mx {
+
+struct CudaEngineOptions {
+  std::string model_dir;              // checkpoint directory (ignored with dummy_weights)
+  bool dummy_weights = false;         // random weights generated on the GPU at `preset` shapes
+  std::string preset = "120b";        // 120b | 20b | tiny (dummy weights only)
+  float gpu_memory_utilization = 0.9f;
+  int max_model_len = 8192;           // longest sequence the KV cache must hold
+  int max_num_seqs = 64;              // decode batch bound
+  int max_tokens_per_step = 2048;     // activation arena bound (prefill chunk)
+  int block_size = 16;
+  int num_kv_blocks = 0;              // 0 = from gpu_memory_utilization
+  bool keep_logits = false;           // copy sampled rows' logits to host (last_logits)
+  uint64_t seed = 1;                  // dummy-weight seed
+};
+
+struct CudaLoadStats {
+  double upload_seconds = 0, upload_gbps = 0;
+  size_t weight_bytes = 0, kv_bytes = 0, activation_bytes = 0;
+};
+
+class CudaRunnerBase : public ModelRunner {
+ public:
+  virtual CudaLoadStats load_stats() const = 0;
+  // Bytes of weights read by one decode step for M tokens (dense + expected distinct experts).
+  virtual double decode_weight_bytes(int M) const = 0;
+};
+
+std::unique_ptr<CudaRunnerBase> make_cuda_runner(const CudaEngineOptions& opt);
+
+}  // namespace mx
+
+namespace mx {
+// Device copy bandwidth: a big cudaMemcpy D2D, (bytes read + written) / time, in GB/s.
+double measure_d2d_bandwidth_gbps(size_t bytes);
+std::string cuda_device_name();
+}  // namespace mx

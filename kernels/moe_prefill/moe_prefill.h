@@ -1,0 +1,66 @@
+// Grouped MoE for prefill (many tokens) on MXFP4 experts.
+//  1. moe_route_prefill: top-k choices -> per-expert contiguous lists (deterministic counting sort:
+//     within an expert, entries keep (token, slot) order) + a tile list of (expert, row0) for 64-row tiles.
+//  2. moe_fc1_prefill: act[r] = SwiGLU(W1[e] . x[tok[r]] + b1[e]) for sorted rows r; bf16 tensor cores
+//     (WMMA), MXFP4 tiles dequantized to bf16 in shared memory (weights are never expanded in global memory).
+//  3. moe_fc2_prefill: y_slot[slot[r]] = gate[r] * (W2[e] . act[r] + b2[e])   (fp32, one row per (token, slot))
+//  4. moe_combine_prefill: resid[t] += sum_j y_slot[t * k + j]   (fixed order: deterministic)
+// MXFP4 layout (spec 3.4): blocks [E, N, K/32, 16] bytes, scales [E, N, K/32] (E8M0), bias bf16 [E, N].
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace mx::cuda {
+
+constexpr int kMoePrefillTileM = 64;
+
+// Scratch sizes for T tokens, k slots, E experts: the tile list holds at most T*k/64 + E tiles.
+inline int moe_prefill_max_tiles(int T, int k, int E) { return (T * k + kMoePrefillTileM - 1) / kMoePrefillTileM + E; }
+
+struct MoeRouteParams {
+  const int32_t* topk_idx = nullptr;  // [T, k] expert ids
+  const float* topk_w = nullptr;      // [T, k] gate weights
+  int T = 0, k = 4, E = 128;
+  // outputs (device scratch)
+  int32_t* counts = nullptr;     // [E]
+  int32_t* offsets = nullptr;    // [E + 1]
+  int32_t* sorted_tok = nullptr; // [T * k] token index of sorted row r
+  int32_t* sorted_slot = nullptr;// [T * k] t * k + j
+  float* sorted_w = nullptr;     // [T * k]
+  int32_t* tile_expert = nullptr;// [max_tiles]
+  int32_t* tile_row0 = nullptr;  // [max_tiles] first sorted row of the tile
+  int32_t* num_tiles = nullptr;  // [1]
+  int max_tiles = 0;
+};
+void moe_route_prefill(const MoeRouteParams& p, cudaStream_t s);
+
+struct MoeGemmPrefillParams {
+  const uint8_t* blocks = nullptr;  // [E, N, K/32, 16]
+  const uint8_t* scales = nullptr;  // [E, N, K/32]
+  const uint16_t* bias = nullptr;   // bf16 [E, N]
+  const uint16_t* x = nullptr;      // FC1: bf16 [T, K] (gathered by sorted_tok); FC2: act bf16 [T*k, K] (sorted rows)
+  const int32_t* sorted_tok = nullptr;
+  const int32_t* sorted_slot = nullptr;
+  const float* sorted_w = nullptr;
+  const int32_t* offsets = nullptr;
+  const int32_t* tile_expert = nullptr;
+  const int32_t* tile_row0 = nullptr;
+  const int32_t* num_tiles = nullptr;
+  int max_tiles = 0;
+  uint16_t* act = nullptr;          // FC1 out: bf16 [T*k, N/2] (sorted rows)
+  float* y_slot = nullptr;          // FC2 out: fp32 [T*k, N] indexed by slot
+  int N = 0, K = 0;                 // FC1: N = 5760, K = 2880; FC2: N = 2880, K = 2880
+  float alpha = 1.702f, limit = 7.0f;
+};
+void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
+void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
+// resid fp32 [T, H] += sum_j y_slot[t*k + j]
+void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s);
+
+// CPU reference of the whole block (host pointers): resid[t] += sum_j w * (W2 . swiglu(W1 . x + b1) + b2),
+// with x and the activation rounded to bf16 like the GPU path.
+void moe_prefill_ref(const uint8_t* b1, const uint8_t* s1, const uint16_t* bias1, const uint8_t* b2,
+                     const uint8_t* s2, const uint16_t* bias2, const uint16_t* x, const int32_t* idx,
+                     const float* w, float* resid, int T, int k, int H, int I, float alpha, float limit);
+
+}  // namespace mx::cuda

@@ -1,2 +1,0 @@
-// placeholder until the first kernel family lands
-namespace mx {}

@@ -1,0 +1,356 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace mx::runtime {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    default: return "";
+  }
+}
+
+void Channel::push(TokenEvent ev) {
+  {
+    std::lock_guard lk(mu_);
+    q_.push_back(std::move(ev));
+  }
+  cv_.notify_one();
+}
+
+std::vector<TokenEvent> Channel::pop(std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, timeout, [&] { return !q_.empty(); });
+  std::vector<TokenEvent> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
+  q_.clear();
+  return out;
+}
+
+struct Engine::Seq {
+  int64_t id = 0;
+  GenRequest req;
+  std::shared_ptr<Channel> ch;
+  std::vector<int32_t> tokens;      // prompt + generated (known tokens)
+  int num_computed = 0;             // tokens whose KV is in the cache
+  int generated = 0;
+  std::vector<int32_t> blocks;
+  bool done = false;
+};
+
+Engine::Engine(ModelRunner& runner, const EngineOptions& opt)
+    : runner_(runner), opt_(opt), block_size_(runner.kv_shape().block_size),
+      max_model_len_(opt.max_model_len > 0 ? opt.max_model_len : runner.config().max_position_embeddings),
+      pool_(runner.kv_shape().num_blocks) {
+  MX_CHECK(block_size_ > 0, "bad KV block size {}", block_size_);
+  MX_CHECK(opt_.max_num_seqs > 0 && opt_.max_num_batched_tokens > 0, "max_num_seqs and max_num_batched_tokens must be > 0");
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<int64_t> Engine::submit(GenRequest req, std::shared_ptr<Channel> ch) {
+  auto s = std::make_unique<Seq>();
+  s->tokens = req.prompt;
+  s->req = std::move(req);
+  s->ch = std::move(ch);
+  int64_t id;
+  {
+    std::lock_guard lk(mu_);
+    if (draining_ || stop_) return std::nullopt;
+    if (int(inbox_.size()) + stats_.waiting >= opt_.max_waiting) return std::nullopt;
+    id = s->id = next_id_++;
+    ++active_;
+    inbox_.push_back(std::move(s));
+  }
+  cv_.notify_all();
+  return id;
+}
+
+void Engine::abort(int64_t id) {
+  {
+    std::lock_guard lk(mu_);
+    aborts_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+bool Engine::draining() const {
+  std::lock_guard lk(mu_);
+  return draining_;
+}
+bool Engine::ready() const {
+  std::lock_guard lk(mu_);
+  return ready_;
+}
+EngineStats Engine::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+void Engine::take_inbox() {
+  std::vector<int64_t> aborts;
+  {
+    std::lock_guard lk(mu_);
+    while (!inbox_.empty()) {
+      waiting_.push_back(std::move(inbox_.front()));
+      inbox_.pop_front();
+    }
+    aborts.swap(aborts_);
+  }
+  auto now = std::chrono::steady_clock::now();
+  auto check = [&](Seq& s) {
+    if (s.done) return;
+    if (std::find(aborts.begin(), aborts.end(), s.id) != aborts.end() || now >= s.req.deadline) finish(s, FinishReason::kAbort);
+  };
+  for (auto& s : waiting_) check(*s);
+  for (auto& s : running_) check(*s);
+}
+
+void Engine::free_blocks(Seq& s) {
+  for (int32_t b : s.blocks) pool_.release(b);
+  s.blocks.clear();
+}
+
+void Engine::finish(Seq& s, FinishReason r) {
+  if (s.done) return;
+  s.done = true;
+  free_blocks(s);
+  {
+    std::lock_guard lk(mu_);
+    --active_;
+  }
+  TokenEvent ev;
+  ev.finish = r;
+  s.ch->push(std::move(ev));
+}
+
+void Engine::preempt(Seq& s) {
+  // Recompute: drop the KV, keep the known tokens; the sequence re-prefills them later.
+  free_blocks(s);
+  s.num_computed = 0;
+  std::lock_guard lk(mu_);
+  ++stats_.preemptions;
+}
+
+bool Engine::ensure_blocks(Seq& s, int num_tokens) {
+  int need = (num_tokens + block_size_ - 1) / block_size_;
+  while (int(s.blocks.size()) < need) {
+    int32_t b = pool_.allocate();
+    if (b < 0) return false;
+    s.blocks.push_back(b);
+  }
+  return true;
+}
+
+bool Engine::step() {
+  take_inbox();
+  std::erase_if(waiting_, [](auto& s) { return s->done; });
+  std::erase_if(running_, [](auto& s) { return s->done; });
+
+  // Schedule: running sequences first (decodes need 1 token; partial prefills take a chunk),
+  // then admit waiting ones while budget and seats remain.
+  int budget = opt_.max_num_batched_tokens;
+  std::vector<std::pair<Seq*, int>> sched;
+  std::stable_sort(running_.begin(), running_.end(), [](auto& a, auto& b) {
+    return (int(a->tokens.size()) - a->num_computed == 1) > (int(b->tokens.size()) - b->num_computed == 1);
+  });
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Seq& s = *running_[i];
+    int n = std::min(int(s.tokens.size()) - s.num_computed, budget);
+    if (n <= 0) continue;
+    bool ok = ensure_blocks(s, s.num_computed + n);
+    while (!ok) {
+      // Preempt the most recently admitted other sequence not yet scheduled, else this one.
+      Seq* victim = running_.back().get();
+      if (victim == &s) break;
+      preempt(*victim);
+      waiting_.push_front(std::move(running_.back()));
+      running_.pop_back();
+      ok = ensure_blocks(s, s.num_computed + n);
+    }
+    if (!ok) {
+      preempt(s);
+      waiting_.push_front(std::move(running_[i]));
+      running_.erase(running_.begin() + long(i));
+      break;
+    }
+    sched.push_back({&s, n});
+    budget -= n;
+  }
+  while (!waiting_.empty() && budget > 0 && int(running_.size()) < opt_.max_num_seqs) {
+    Seq& s = *waiting_.front();
+    int n = std::min(int(s.tokens.size()) - s.num_computed, budget);
+    if (!ensure_blocks(s, s.num_computed + n)) {
+      free_blocks(s);
+      break;  // wait for running sequences to finish
+    }
+    sched.push_back({&s, n});
+    budget -= n;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+
+  auto publish = [&] {
+    std::lock_guard lk(mu_);
+    stats_.running = int(running_.size());
+    stats_.waiting = int(waiting_.size());
+    stats_.kv_usage = 1.0 - double(pool_.num_free()) / pool_.num_blocks();
+  };
+  if (sched.empty()) {
+    if (!waiting_.empty() && running_.empty()) {
+      // Nothing fits even alone: the request can never run with this KV pool.
+      log::warn("request {} needs more KV than the pool holds; aborting it", waiting_.front()->id);
+      finish(*waiting_.front(), FinishReason::kAbort);
+      waiting_.pop_front();
+    }
+    publish();
+    return false;
+  }
+
+  std::vector<SeqStep> steps(sched.size());
+  std::vector<SampleResult> out(sched.size());
+  uint64_t prompt_tokens = 0;
+  for (size_t i = 0; i < sched.size(); ++i) {
+    auto [s, n] = sched[i];
+    SeqStep& st = steps[i];
+    st.seq_id = s->id;
+    st.tokens = std::span<const int32_t>(s->tokens).subspan(size_t(s->num_computed), size_t(n));
+    st.start_pos = s->num_computed;
+    st.block_table = s->blocks;
+    st.sample = s->num_computed + n == int(s->tokens.size());
+    st.sampling = s->req.sampling;
+    st.rng_step = uint64_t(s->generated);
+    int prompt_left = int(s->req.prompt.size()) - s->num_computed;
+    if (prompt_left > 0) prompt_tokens += uint64_t(std::min(prompt_left, n));
+  }
+  runner_.step(steps, out);
+
+  uint64_t gen_tokens = 0;
+  for (size_t i = 0; i < sched.size(); ++i) {
+    auto [s, n] = sched[i];
+    s->num_computed += n;
+    if (!steps[i].sample) continue;
+    const SampleResult& r = out[i];
+    TokenEvent ev;
+    ev.token = r.token;
+    ev.logprob = r.logprob;
+    ev.top = r.top;
+    s->tokens.push_back(r.token);
+    ++s->generated;
+    ++gen_tokens;
+    bool is_stop = std::find(s->req.stop_token_ids.begin(), s->req.stop_token_ids.end(), r.token) != s->req.stop_token_ids.end();
+    if (is_stop) {
+      ev.stop_token = true;
+      ev.finish = FinishReason::kStop;
+    } else if (s->generated >= s->req.max_tokens || int(s->tokens.size()) >= max_model_len_) {
+      ev.finish = FinishReason::kLength;
+    }
+    FinishReason f = ev.finish;
+    s->ch->push(std::move(ev));
+    if (f != FinishReason::kNone) {
+      s->done = true;
+      free_blocks(*s);
+      std::lock_guard lk(mu_);
+      --active_;
+    }
+  }
+  std::erase_if(running_, [](auto& s) { return s->done; });
+  {
+    std::lock_guard lk(mu_);
+    stats_.prompt_tokens += prompt_tokens;
+    stats_.generation_tokens += gen_tokens;
+    ++stats_.steps;
+    ready_ = true;
+  }
+  publish();
+  return true;
+}
+
+void Engine::warmup() {
+  // One single-token step on a scratch block, so /ready means "a forward step has completed"
+  // before any client arrives (and first-request latency does not include lazy start-up work).
+  try {
+    int32_t block = pool_.allocate();
+    int32_t token = 0;
+    SeqStep s;
+    s.seq_id = -1;
+    s.tokens = {&token, 1};
+    s.block_table = {&block, 1};
+    s.sample = true;
+    s.sampling.temperature = 0.0f;
+    SampleResult r;
+    runner_.step({&s, 1}, {&r, 1});
+    pool_.release(block);
+  } catch (const std::exception& e) {
+    log::error("engine warm-up step failed: {}", e.what());
+    return;
+  }
+  std::lock_guard lk(mu_);
+  ready_ = true;
+}
+
+void Engine::loop() {
+  warmup();
+  for (;;) {
+    bool worked = false;
+    try {
+      worked = step();
+    } catch (const std::exception& e) {
+      // A failing step ends the requests in it, never the process.
+      log::error("engine step failed: {}; aborting running requests", e.what());
+      for (auto& s : running_) finish(*s, FinishReason::kAbort);
+      running_.clear();
+    }
+    std::unique_lock lk(mu_);
+    if (stop_) break;
+    if (!worked) cv_.wait_for(lk, std::chrono::milliseconds(50), [&] { return stop_ || !inbox_.empty() || !aborts_.empty(); });
+    if (stop_) break;
+  }
+  for (auto& s : running_) finish(*s, FinishReason::kAbort);
+  for (auto& s : waiting_) finish(*s, FinishReason::kAbort);
+  std::deque<std::unique_ptr<Seq>> left;
+  {
+    std::lock_guard lk(mu_);
+    left.swap(inbox_);
+  }
+  for (auto& s : left) finish(*s, FinishReason::kAbort);
+}
+
+void Engine::start() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::drain_and_stop(std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard lk(mu_);
+    draining_ = true;
+  }
+  auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    {
+      std::lock_guard lk(mu_);
+      if (active_ == 0) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace mx::runtime

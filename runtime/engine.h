@@ -1,0 +1,131 @@
+// The engine loop: request state, a token-budget scheduler over a paged KV cache and the thread
+// that drives ModelRunner::step. HTTP threads submit requests through a thread-safe queue and
+// read tokens from a per-request channel.
+//
+// Scheduling (vLLM-style, no separate prefill/decode phases): each sequence has `tokens` (prompt +
+// generated) and `num_computed`; every step gives each running sequence min(missing, budget)
+// tokens, decodes (1 missing token) first, then chunks of prefill for partial/waiting requests,
+// within max_num_batched_tokens. When KV blocks run out, the most recently admitted sequence is
+// preempted by recompute: its blocks are freed and it goes back to the front of the waiting
+// queue with its generated tokens kept as known tokens.
+//
+// Not implemented yet: the prefix cache (blocks are never shared between requests).
+#pragma once
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/model_runner.h"
+#include "runtime/block_pool.h"
+
+namespace mx::runtime {
+
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+const char* finish_reason_name(FinishReason r);
+
+struct TokenEvent {
+  int32_t token = -1;          // -1 for a pure finish event
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
+  FinishReason finish = FinishReason::kNone;
+  bool stop_token = false;     // `token` is the stop token that ended the request
+};
+
+// Per-request delivery queue (engine thread -> HTTP thread).
+class Channel {
+ public:
+  void push(TokenEvent ev);
+  // Waits up to `timeout` for events; returns all pending ones (empty on timeout).
+  std::vector<TokenEvent> pop(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> q_;
+};
+
+struct GenRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;   // generation ends with finish "stop" on any of these
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
+struct EngineOptions {
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 2048;
+  int max_waiting = 256;        // bounded queue: submit() fails beyond it (server answers 429)
+  int max_model_len = 0;        // 0 = the model's max_position_embeddings
+};
+
+struct EngineStats {
+  int running = 0;
+  int waiting = 0;
+  double kv_usage = 0.0;       // fraction of blocks in use
+  uint64_t preemptions = 0;
+  uint64_t prompt_tokens = 0;
+  uint64_t generation_tokens = 0;
+  uint64_t steps = 0;
+};
+
+class Engine {
+ public:
+  Engine(ModelRunner& runner, const EngineOptions& opt);
+  ~Engine();
+
+  // Thread-safe. Returns nullopt when the waiting queue is full or the engine is draining.
+  std::optional<int64_t> submit(GenRequest req, std::shared_ptr<Channel> ch);
+  void abort(int64_t id);  // thread-safe; the KV blocks are freed by the next step
+
+  void start();            // runs the loop on its own thread
+  // Stops admitting, waits up to `timeout` for running/waiting requests, aborts the rest, joins.
+  void drain_and_stop(std::chrono::milliseconds timeout);
+  bool draining() const;
+  bool ready() const;      // a forward step has completed
+  EngineStats stats() const;
+  int max_model_len() const { return max_model_len_; }
+
+  // One scheduling + forward step (the loop calls it; tests call it directly without start()).
+  // Returns false when there was nothing to do.
+  bool step();
+
+ private:
+  struct Seq;
+  void take_inbox();
+  void finish(Seq& s, FinishReason r);
+  void free_blocks(Seq& s);
+  void preempt(Seq& s);
+  bool ensure_blocks(Seq& s, int num_tokens);
+  void loop();
+
+  void warmup();
+  ModelRunner& runner_;
+  EngineOptions opt_;
+  int block_size_;
+  int max_model_len_;
+  BlockPool pool_;
+
+  mutable std::mutex mu_;             // guards inbox_, aborts_, stats_, flags
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Seq>> inbox_;
+  std::vector<int64_t> aborts_;
+  int64_t next_id_ = 1;
+  int active_ = 0;                    // submitted and not yet finished (for drain)
+  bool draining_ = false, stop_ = false, ready_ = false;
+  EngineStats stats_;
+
+  // Engine-thread state.
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  std::vector<std::unique_ptr<Seq>> running_;
+  std::thread thread_;
+};
+
+}  // namespace mx::runtime

@@ -1,2 +1,0 @@
-// placeholder so the library has a source until the layer lands
-namespace mx {}

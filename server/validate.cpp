@@ -1,0 +1,107 @@
+#include "server/validate.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace mx::server {
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void bad(const std::string& p, const std::string& msg) { throw InvalidRequest(p, msg); }
+
+bool present(const json& b, const char* k) { return b.contains(k) && !b[k].is_null(); }
+
+double num(const json& b, const char* k, double lo, double hi, bool lo_open = false) {
+  const json& v = b[k];
+  if (!v.is_number()) bad(k, fmt::format("'{}' must be a number", k));
+  double d = v.get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo))
+    bad(k, fmt::format("'{}' must be in {}{}, {}], got {}", k, lo_open ? "(" : "[", lo, hi, d));
+  return d;
+}
+
+int64_t integer(const json& b, const char* k, int64_t lo, int64_t hi) {
+  const json& v = b[k];
+  if (!v.is_number_integer()) bad(k, fmt::format("'{}' must be an integer", k));
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    bad(k, fmt::format("'{}' is out of range", k));
+  int64_t i = v.get<int64_t>();
+  if (i < lo || i > hi) bad(k, fmt::format("'{}' must be in [{}, {}], got {}", k, lo, hi, i));
+  return i;
+}
+
+}  // namespace
+
+CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
+  if (!body.is_object()) bad("", "request body must be a JSON object");
+  CommonParams p;
+  if (present(body, "model") && !body["model"].is_string()) bad("model", "'model' must be a string");
+  const char* mt = chat && present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (present(body, mt)) p.max_tokens = int(integer(body, mt, 1, 1 << 30));
+  if (present(body, "temperature")) p.sampling.temperature = float(num(body, "temperature", 0, 2));
+  if (p.sampling.temperature > 0 && p.sampling.temperature < 0.01f) p.sampling.temperature = 0.01f;  // avoid inf/NaN
+  if (present(body, "top_p")) p.sampling.top_p = float(num(body, "top_p", 0, 1, /*lo_open=*/true));
+  if (present(body, "top_k")) {
+    int64_t k = integer(body, "top_k", -1, 1 << 20);
+    p.sampling.top_k = k < 0 ? 0 : int(k);
+  }
+  if (present(body, "min_p")) p.sampling.min_p = float(num(body, "min_p", 0, 1));
+  for (const char* pen : {"presence_penalty", "frequency_penalty"})
+    if (present(body, pen) && num(body, pen, -2, 2) != 0) bad(pen, fmt::format("'{}' is not supported (only 0)", pen));
+  if (present(body, "seed")) {
+    int64_t s = integer(body, "seed", -1, std::numeric_limits<int64_t>::max());
+    p.sampling.seed = s < 0 ? 0 : uint64_t(s);
+  }
+  if (present(body, "n")) p.n = int(integer(body, "n", 1, lim.max_n));
+  if (present(body, "best_of") && integer(body, "best_of", 1, lim.max_n) != 1) bad("best_of", "'best_of' > 1 is not supported");
+  if (present(body, "stream")) {
+    if (!body["stream"].is_boolean()) bad("stream", "'stream' must be a boolean");
+    p.stream = body["stream"];
+  }
+  if (present(body, "stream_options")) {
+    const json& so = body["stream_options"];
+    if (!so.is_object()) bad("stream_options", "'stream_options' must be an object");
+    if (so.contains("include_usage") && !so["include_usage"].is_null()) {
+      if (!so["include_usage"].is_boolean()) bad("stream_options.include_usage", "'include_usage' must be a boolean");
+      p.include_usage = so["include_usage"];
+    }
+  }
+  if (chat) {
+    if (present(body, "logprobs")) {
+      if (!body["logprobs"].is_boolean()) bad("logprobs", "'logprobs' must be a boolean");
+      p.sampling.logprobs = body["logprobs"];
+    }
+    if (present(body, "top_logprobs")) {
+      p.sampling.top_logprobs = int(integer(body, "top_logprobs", 0, lim.max_top_logprobs));
+      if (p.sampling.top_logprobs > 0 && !p.sampling.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+  } else if (present(body, "logprobs")) {
+    p.sampling.top_logprobs = int(integer(body, "logprobs", 0, lim.max_top_logprobs));
+    p.sampling.logprobs = true;
+  }
+  if (present(body, "stop")) {
+    const json& s = body["stop"];
+    if (s.is_string()) {
+      p.stop.push_back(s);
+    } else if (s.is_array()) {
+      if (int(s.size()) > lim.max_stop) bad("stop", fmt::format("at most {} stop strings", lim.max_stop));
+      for (const auto& e : s) {
+        if (!e.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+        p.stop.push_back(e);
+      }
+    } else {
+      bad("stop", "'stop' must be a string or a list of strings");
+    }
+    for (const auto& x : p.stop)
+      if (x.empty() || int(x.size()) > lim.max_stop_len)
+        bad("stop", fmt::format("stop strings must be 1..{} bytes", lim.max_stop_len));
+  }
+  for (const char* unsupported : {"logit_bias", "response_format", "chat_template", "guided_regex", "guided_json"})
+    if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
+  return p;
+}
+
+}  // namespace mx::server

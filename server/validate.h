@@ -1,0 +1,32 @@
+// Validation of the OpenAI request fields shared by /v1/chat/completions and /v1/completions,
+// before anything is allocated (reliability.md table A). Throws mx::InvalidRequest naming the
+// parameter.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/model_runner.h"
+
+namespace mx::server {
+
+struct Limits {
+  int max_n = 16;
+  int max_top_logprobs = 20;
+  int max_stop = 16;
+  int max_stop_len = 256;
+};
+
+struct CommonParams {
+  SamplingParams sampling;
+  int max_tokens = -1;        // -1: not given (fill to the context)
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  std::vector<std::string> stop;
+};
+
+// chat: logprobs is a bool + top_logprobs; completions: logprobs is an int (0..20).
+CommonParams parse_common(const nlohmann::json& body, bool chat, const Limits& lim);
+
+}  // namespace mx::server

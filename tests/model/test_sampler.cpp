@@ -1,0 +1,151 @@
+// Host sampler: exact expectations on hand-made logits (greedy ties, logprobs, which ids each
+// filter can return) and a statistical check of the sampled distribution with fixed seeds.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "model/sampler.h"
+
+namespace {
+
+mx::SamplingParams params(float temperature) {
+  mx::SamplingParams p;
+  p.temperature = temperature;
+  p.seed = 42;
+  return p;
+}
+
+// log of a normalized distribution: softmax(logits) == probs exactly up to rounding.
+std::vector<float> log_probs(std::vector<double> probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(float(std::log(p)));
+  return l;
+}
+
+std::set<int> support(const std::vector<float>& logits, const mx::SamplingParams& p, int draws = 2000) {
+  std::set<int> seen;
+  std::vector<float> scratch;
+  for (int s = 0; s < draws; ++s) seen.insert(mx::sample_token(logits.data(), int(logits.size()), p, s, scratch).token);
+  return seen;
+}
+
+TEST(Sampler, GreedyTakesLowestIdOnTiesAndReportsRawLogprob) {
+  std::vector<float> l = {1, 3, 3, 2};
+  std::vector<float> scratch;
+  mx::SamplingParams p = params(0.0f);
+  p.top_logprobs = 3;
+  mx::SampleResult r = mx::sample_token(l.data(), 4, p, 0, scratch);
+  EXPECT_EQ(r.token, 1);
+  const double lz = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(r.logprob, 3 - lz, 1e-6);
+  ASSERT_EQ(r.top.size(), 3u);
+  EXPECT_EQ(r.top[0].first, 1);
+  EXPECT_EQ(r.top[1].first, 2);
+  EXPECT_EQ(r.top[2].first, 3);
+  EXPECT_NEAR(r.top[2].second, 2 - lz, 1e-6);
+}
+
+TEST(Sampler, LogprobIgnoresTemperature) {
+  std::vector<float> l = log_probs({0.5, 0.3, 0.2});
+  std::vector<float> scratch;
+  for (uint64_t s = 0; s < 50; ++s) {
+    mx::SampleResult r = mx::sample_token(l.data(), 3, params(0.3f), s, scratch);
+    const double want[3] = {0.5, 0.3, 0.2};
+    EXPECT_NEAR(r.logprob, std::log(want[r.token]), 1e-6);
+  }
+}
+
+TEST(Sampler, FiltersKeepTheRightIds) {
+  std::vector<float> l = log_probs({0.3, 0.5, 0.05, 0.15});  // sorted: 1, 0, 3, 2
+  mx::SamplingParams p = params(1.0f);
+  EXPECT_EQ(support(l, p), (std::set<int>{0, 1, 2, 3}));
+  p.top_k = 1;
+  EXPECT_EQ(support(l, p), (std::set<int>{1}));
+  p.top_k = 2;
+  EXPECT_EQ(support(l, p), (std::set<int>{0, 1}));
+  p = params(1.0f);
+  p.top_p = 0.45f;  // 0.5 alone covers it
+  EXPECT_EQ(support(l, p), (std::set<int>{1}));
+  p.top_p = 0.55f;
+  EXPECT_EQ(support(l, p), (std::set<int>{0, 1}));
+  p.top_p = 0.9f;  // 0.5 + 0.3 + 0.15 = 0.95
+  EXPECT_EQ(support(l, p), (std::set<int>{0, 1, 3}));
+  p = params(1.0f);
+  p.min_p = 0.35f;  // keep p >= 0.175
+  EXPECT_EQ(support(l, p), (std::set<int>{0, 1}));
+  p.min_p = 0.25f;  // keep p >= 0.125
+  EXPECT_EQ(support(l, p), (std::set<int>{0, 1, 3}));
+  p.min_p = 1.0f;
+  EXPECT_EQ(support(l, p), (std::set<int>{1}));
+  // Ids beyond `vocab` are never returned, even when they are the best.
+  std::vector<float> big = {0.0f, 0.0f, 50.0f};
+  std::vector<float> scratch;
+  EXPECT_NE(mx::sample_token(big.data(), 2, params(0.0f), 0, scratch).token, 2);
+  for (uint64_t s = 0; s < 200; ++s) EXPECT_LT(mx::sample_token(big.data(), 2, params(1.0f), s, scratch).token, 2);
+}
+
+TEST(Sampler, ReproducibleFromSeedAndStep) {
+  std::vector<float> l = log_probs({0.25, 0.25, 0.25, 0.25});
+  std::vector<float> scratch;
+  mx::SamplingParams p = params(1.0f);
+  std::vector<int> a, b;
+  for (uint64_t s = 0; s < 64; ++s) a.push_back(mx::sample_token(l.data(), 4, p, s, scratch).token);
+  // Interleave another request's draws: this request's tokens must not change.
+  mx::SamplingParams q = params(1.0f);
+  q.seed = 7;
+  for (uint64_t s = 0; s < 64; ++s) {
+    (void)mx::sample_token(l.data(), 4, q, s, scratch);
+    b.push_back(mx::sample_token(l.data(), 4, p, s, scratch).token);
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(std::set<int>(a.begin(), a.end()).size(), 4u);
+  EXPECT_EQ(mx::sample_uniform(1, 2), mx::sample_uniform(1, 2));
+  EXPECT_NE(mx::sample_uniform(1, 2), mx::sample_uniform(2, 2));
+}
+
+// Frequencies over N draws within 5 standard deviations of the intended distribution.
+void expect_distribution(const std::vector<float>& logits, const mx::SamplingParams& p, const std::vector<double>& want) {
+  const int N = 40000;
+  std::vector<int> count(logits.size(), 0);
+  std::vector<float> scratch;
+  for (int s = 0; s < N; ++s) ++count[mx::sample_token(logits.data(), int(logits.size()), p, s, scratch).token];
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double f = double(count[i]) / N, sd = std::sqrt(want[i] * (1 - want[i]) / N);
+    EXPECT_NEAR(f, want[i], 5 * sd + 1e-12) << "id " << i;
+  }
+}
+
+TEST(Sampler, DistributionMatchesSoftmax) {
+  const std::vector<double> probs = {0.5, 0.3, 0.15, 0.05};
+  std::vector<float> l = log_probs(probs);
+  expect_distribution(l, params(1.0f), probs);
+  // Temperature 2: p^(1/2), renormalized.
+  std::vector<double> t2;
+  double z = 0;
+  for (double p : probs) z += std::sqrt(p);
+  for (double p : probs) t2.push_back(std::sqrt(p) / z);
+  expect_distribution(l, params(2.0f), t2);
+  // top-k 2 renormalizes over the kept ids.
+  mx::SamplingParams k2 = params(1.0f);
+  k2.top_k = 2;
+  expect_distribution(l, k2, {0.625, 0.375, 0, 0});
+}
+
+TEST(Sampler, UniformIsInUnitIntervalAndFlat) {
+  double sum = 0;
+  int below_tenth = 0;
+  const int N = 100000;
+  for (int s = 0; s < N; ++s) {
+    double u = mx::sample_uniform(123, s);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+    below_tenth += u < 0.1;
+  }
+  EXPECT_NEAR(sum / N, 0.5, 5 * std::sqrt(1.0 / 12 / N));
+  EXPECT_NEAR(double(below_tenth) / N, 0.1, 5 * std::sqrt(0.09 / N));
+}
+
+}  // namespace

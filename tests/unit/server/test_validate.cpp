@@ -1,0 +1,81 @@
+// Request validation (reliability.md table A, the sampling rows) and the metrics text.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "server/metrics.h"
+#include "server/validate.h"
+
+namespace mx::server {
+namespace {
+
+using json = nlohmann::json;
+
+std::string bad_param(const std::string& body_text, bool chat = true) {
+  try {
+    parse_common(json::parse(body_text), chat, Limits{});
+  } catch (const InvalidRequest& e) {
+    return e.param();
+  }
+  return "<accepted>";
+}
+
+TEST(Validate, TableA) {
+  EXPECT_EQ(bad_param("[1,2]"), "");
+  EXPECT_EQ(bad_param("42"), "");
+  EXPECT_EQ(bad_param(R"({"max_tokens":0})"), "max_tokens");
+  EXPECT_EQ(bad_param(R"({"max_tokens":-5})"), "max_tokens");
+  EXPECT_EQ(bad_param(R"({"max_completion_tokens":0})"), "max_completion_tokens");
+  EXPECT_EQ(bad_param(R"({"temperature":-1})"), "temperature");
+  EXPECT_EQ(bad_param(R"({"temperature":3.0})"), "temperature");
+  EXPECT_EQ(bad_param(R"({"temperature":"1"})"), "temperature");
+  EXPECT_EQ(bad_param(R"({"top_p":0})"), "top_p");
+  EXPECT_EQ(bad_param(R"({"top_p":1.5})"), "top_p");
+  EXPECT_EQ(bad_param(R"({"top_k":-2})"), "top_k");
+  EXPECT_EQ(bad_param(R"({"top_k":2.5})"), "top_k");
+  EXPECT_EQ(bad_param(R"({"min_p":1.5})"), "min_p");
+  EXPECT_EQ(bad_param(R"({"presence_penalty":3})"), "presence_penalty");
+  EXPECT_EQ(bad_param(R"({"n":0})"), "n");
+  EXPECT_EQ(bad_param(R"({"n":"2"})"), "n");
+  EXPECT_EQ(bad_param(R"({"n":1000000})"), "n");
+  EXPECT_EQ(bad_param(R"({"best_of":1000})"), "best_of");
+  EXPECT_EQ(bad_param(R"({"logprobs":true,"top_logprobs":1000000})"), "top_logprobs");
+  EXPECT_EQ(bad_param(R"({"logprobs":-1})", false), "logprobs");
+  EXPECT_EQ(bad_param(R"({"stop":[""]})"), "stop");
+  EXPECT_EQ(bad_param(R"({"stop":[1]})"), "stop");
+  EXPECT_EQ(bad_param(R"({"seed":1180591620717411303424})"), "seed");
+  EXPECT_EQ(bad_param(R"({"logit_bias":{"abc":5}})"), "logit_bias");
+  EXPECT_EQ(bad_param(R"({"stream":"yes"})"), "stream");
+  json many = {{"stop", json::array()}};
+  for (int i = 0; i < 1000; ++i) many["stop"].push_back("x");
+  EXPECT_EQ(bad_param(many.dump()), "stop");
+}
+
+TEST(Validate, AcceptsGoodValues) {
+  auto p = parse_common(json::parse(R"({"temperature":1e-9,"top_p":1,"top_k":-1,"seed":-1,"n":2,"stop":"END",
+    "logprobs":true,"top_logprobs":5,"max_completion_tokens":7,"stream":true,"stream_options":{"include_usage":true}})"),
+                        true, Limits{});
+  EXPECT_FLOAT_EQ(p.sampling.temperature, 0.01f);
+  EXPECT_EQ(p.sampling.top_k, 0);
+  EXPECT_EQ(p.n, 2);
+  EXPECT_EQ(p.max_tokens, 7);
+  EXPECT_EQ(p.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(p.stream && p.include_usage && p.sampling.logprobs);
+  EXPECT_EQ(p.sampling.top_logprobs, 5);
+}
+
+TEST(Metrics, PrometheusText) {
+  Metrics m;
+  m.ttft(0.02);
+  runtime::EngineStats st;
+  st.running = 3;
+  st.preemptions = 2;
+  std::string t = m.text("demo", st);
+  EXPECT_NE(t.find("vllm:num_requests_running{model_name=\"demo\"} 3\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:num_preemptions_total{model_name=\"demo\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"0.025\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:time_to_first_token_seconds_count{model_name=\"demo\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("vllm:e2e_request_latency_seconds_count{model_name=\"demo\"} 0\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mx::server
