@@ -22,7 +22,7 @@ struct BenchOptions {
   std::string preset, model;
   std::vector<int> pp{512}, tg{128}, batch{1};
   int depth = 0, reps = 5;
-  bool json = false;
+  bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
 
@@ -37,6 +37,35 @@ Stat stat(const std::vector<double>& v) {
 }
 
 #ifdef MXSERVE_HAVE_CUDA
+// One batch-1 decode step at the given depth, run eagerly with an event after every kernel: time,
+// bytes and achieved bandwidth per kernel kind (all layers summed). Event gaps include launch gaps,
+// so the total is slower than a graph replay; the table says where the time goes, not the speed.
+void print_breakdown(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth, double copy_gbps, int n) {
+  std::vector<int32_t> toks(n, 1);
+  SeqStep s;
+  s.tokens = toks;
+  s.start_pos = depth;
+  s.block_table = bt;
+  s.sample = true;
+  s.sampling.temperature = 0;
+  SampleResult res;
+  r.set_profiling(true);
+  r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));  // warm-up
+  r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
+  r.set_profiling(false);
+  auto prof = r.last_profile();
+  std::sort(prof.begin(), prof.end(), [](const KernelProfile& a, const KernelProfile& b) { return a.ms > b.ms; });
+  double total = 0, bytes = 0;
+  for (const auto& k : prof) { total += k.ms; bytes += k.bytes; }
+  std::printf("\nper-kernel breakdown, one %d-token step at depth %d (eager, events between kernels):\n", n, depth);
+  std::printf("| kernel | calls | ms | %% of step | MB | GB/s | %% copy BW |\n|---|---|---|---|---|---|---|\n");
+  for (const auto& k : prof)
+    std::printf("| %s | %d | %.3f | %.1f | %.1f | %.0f | %.0f |\n", k.name.c_str(), k.calls, k.ms, 100 * k.ms / total,
+                k.bytes / 1e6, k.bytes / (k.ms * 1e-3) / 1e9, 100 * k.bytes / (k.ms * 1e-3) / 1e9 / copy_gbps);
+  std::printf("| total | | %.3f | 100 | %.1f | %.0f | %.0f |\n", total, bytes / 1e6, bytes / (total * 1e-3) / 1e9,
+              100 * bytes / (total * 1e-3) / 1e9 / copy_gbps);
+}
+
 void run_bench(const BenchOptions& o) {
   if (o.preset.empty() == o.model.empty()) fail("bench: give exactly one of --preset or --model");
   const int max_b = *std::max_element(o.batch.begin(), o.batch.end());
@@ -53,6 +82,7 @@ void run_bench(const BenchOptions& o) {
   eo.max_tokens_per_step = std::max({max_b, 2048});
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
+  r->set_use_graphs(!o.no_graphs);
   const auto ls = r->load_stats();
   std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ls.weight_bytes / 1e9,
@@ -80,6 +110,7 @@ void run_bench(const BenchOptions& o) {
       s.start_pos = start + off;
       s.block_table = bt;
       s.sample = off + len >= n;
+      s.sampling.temperature = 0;  // greedy, as llama-bench: the benchmark measures the engine
       SampleResult res;
       r->step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
     }
@@ -113,6 +144,7 @@ void run_bench(const BenchOptions& o) {
             steps[b].start_pos = o.depth + t;
             steps[b].block_table = bts[b];
             steps[b].sample = true;
+            steps[b].sampling.temperature = 0;
           }
           r->step(steps, out);
           for (int b = 0; b < B; ++b) tk[b] = out[b].token;
@@ -134,6 +166,10 @@ void run_bench(const BenchOptions& o) {
       rows.push_back(row);
     }
   const std::string model = o.model.empty() ? "dummy " + o.preset : o.model;
+  if (o.breakdown) {
+    print_breakdown(*r, bt0, o.depth, copy_gbps, 1);
+    print_breakdown(*r, bt0, o.depth, copy_gbps, std::min(max_pp, eo.max_tokens_per_step));
+  }
   if (o.json) {
     std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"results\":[", model.c_str(),
                 cuda_device_name().c_str(), o.depth, copy_gbps);
@@ -167,6 +203,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-memory-utilization", o->gpu_mem, "fraction of GPU memory to use")->check(CLI::Range(0.05, 1.0));
   cmd->add_flag("--json", o->json, "JSON output");
+  cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
+  cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

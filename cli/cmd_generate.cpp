@@ -6,7 +6,9 @@
 #include <numeric>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "harmony/harmony.h"
 #include "model/cpu_runner.h"
 #include "tokenizer/tokenizer.h"
@@ -20,12 +22,34 @@ struct GenerateOptions {
   bool chat = false;
   int max_tokens = 64;
   SamplingParams sampling{.temperature = 1.0f};
-  std::string device = "cpu";
+  std::string device = "auto";
+  float gpu_memory_utilization = 0.9f;
   int threads = 0;
 };
 
+// The CUDA engine takes a prompt in chunks of at most this many tokens per step.
+constexpr int kCudaPrefillChunk = 2048;
+
+// One sequence: its KV cache only needs the prompt and the generated tokens.
+std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, Device dev, int total_tokens, int vocab_limit) {
+  const int blocks = (total_tokens + 15) / 16;
+  if (dev == Device::kCuda)
+    return make_cuda_model_runner({.model_dir = o.model_dir, .gpu_memory_utilization = o.gpu_memory_utilization,
+                                   .max_model_len = blocks * kCudaBlockSize, .max_num_seqs = 1,
+                                   .max_tokens_per_step = kCudaPrefillChunk, .num_kv_blocks = blocks,
+                                   .vocab_limit = vocab_limit});
+  CpuRunnerOptions ro;
+  ro.model_dir = o.model_dir;
+  ro.num_threads = o.threads;
+  ro.kv_block_size = 16;
+  ro.kv_tokens = blocks * 16;
+  ro.vocab_limit = vocab_limit;
+  return std::make_unique<CpuRunner>(ro);
+}
+
 void run_generate(const GenerateOptions& o) {
-  if (o.device != "cpu") fail("--device {}: the CUDA engine is not available in this build; use --device cpu", o.device);
+  const Device dev = resolve_device(o.device);
+  log::info("generate: device {}", device_name(dev));
   auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
   std::vector<int32_t> prompt, stops;
   if (o.chat) {
@@ -40,13 +64,8 @@ void run_generate(const GenerateOptions& o) {
   }
   if (prompt.empty()) fail("the prompt is empty");
 
-  CpuRunnerOptions ro;
-  ro.model_dir = o.model_dir;
-  ro.num_threads = o.threads;
-  ro.kv_block_size = 16;
-  ro.kv_tokens = int((prompt.size() + o.max_tokens + 15) / 16 * 16);
-  ro.vocab_limit = tok->vocab_size();
-  CpuRunner runner(ro);
+  std::unique_ptr<ModelRunner> runner_ptr = make_runner(o, dev, int(prompt.size()) + o.max_tokens, tok->vocab_size());
+  ModelRunner& runner = *runner_ptr;
   const ModelConfig& cfg = runner.config();
   if (!o.chat) stops = cfg.eos_token_ids;
   if (int(prompt.size()) + o.max_tokens > cfg.max_position_embeddings)
@@ -61,7 +80,16 @@ void run_generate(const GenerateOptions& o) {
 
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
-  runner.step({&s, 1}, res);
+  // The CPU runner takes the whole prompt in one step; the CUDA engine in bounded chunks, sampling
+  // only after the last one.
+  const size_t chunk = dev == Device::kCuda ? kCudaPrefillChunk : prompt.size();
+  for (size_t off = 0; off < prompt.size(); off += chunk) {
+    const size_t n = std::min(chunk, prompt.size() - off);
+    s.tokens = std::span<const int32_t>(prompt).subspan(off, n);
+    s.start_pos = int(off);
+    s.sample = off + n == prompt.size();
+    runner.step({&s, 1}, res);
+  }
   auto t1 = clock::now();
   int generated = 0;
   int32_t next = res[0].token;
@@ -83,8 +111,8 @@ void run_generate(const GenerateOptions& o) {
   std::printf("\n");
   auto t2 = clock::now();
   double pre = std::chrono::duration<double>(t1 - t0).count(), dec_s = std::chrono::duration<double>(t2 - t1).count();
-  std::fprintf(stderr, "prompt %zu tokens, %.1f tok/s; generated %d tokens, %.1f tok/s (device cpu)\n", prompt.size(),
-               prompt.size() / pre, generated, generated > 1 ? (generated - 1) / dec_s : 0.0);
+  std::fprintf(stderr, "prompt %zu tokens, %.1f tok/s; generated %d tokens, %.1f tok/s (device %s)\n", prompt.size(),
+               prompt.size() / pre, generated, generated > 1 ? (generated - 1) / dec_s : 0.0, device_name(dev));
 }
 
 }  // namespace
@@ -101,7 +129,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", o->sampling.top_k)->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--min-p", o->sampling.min_p)->capture_default_str()->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", o->sampling.seed)->capture_default_str();
-  cmd->add_option("--device", o->device, "cpu|cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", o->device, "auto|cpu|cuda (auto = cuda when built with it and a GPU is visible)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->callback([o] { run_generate(*o); });
 }

@@ -7,8 +7,10 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "model/config.h"
 #include "model/cpu_runner.h"
 #include "model/fixture.h"
 #include "runtime/engine.h"
@@ -27,10 +29,12 @@ struct ServeOptions {
   int max_waiting = 256;
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
-  std::string device = "cpu";
+  std::string device = "auto";
   int threads = 0;
   int kv_tokens = 16384;
   double drain_timeout_s = 30;
+  bool enable_prefix_caching = true;
+  std::string dummy_weights;  // preset served with random GPU-made weights (benchmarks)
 };
 
 std::atomic<int> g_signal{0};
@@ -52,10 +56,47 @@ std::string demo_model_dir() {
   return dir.string();
 }
 
+// The runner for the chosen device, and the most tokens one sequence's KV may hold in it.
+struct LoadedRunner {
+  std::unique_ptr<ModelRunner> runner;
+  int kv_capacity_tokens = 0;
+  const char* capacity_flag = "";  // what to change when --max-model-len does not fit
+};
+
+LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
+  if (dev == Device::kCpu) {
+    CpuRunnerOptions ro;
+    ro.model_dir = o.model_dir;
+    ro.num_threads = o.threads;
+    ro.kv_tokens = o.kv_tokens;
+    ro.vocab_limit = vocab_limit;
+    return {std::make_unique<CpuRunner>(ro), o.kv_tokens, "--kv-tokens"};
+  }
+  // The engine's KV cache is sized for max_model_len up front (0 = the model's positions; a GPU
+  // that cannot hold that fails at load with the numbers, like vLLM).
+  const ModelConfig cfg = o.dummy_weights.empty() ? load_model_config(o.model_dir) : preset_config(o.dummy_weights);
+  const int max_model_len = o.max_model_len > 0 ? o.max_model_len : cfg.max_position_embeddings;
+  auto runner = make_cuda_model_runner({.model_dir = o.model_dir, .gpu_memory_utilization = float(o.gpu_memory_utilization),
+                                        .max_model_len = max_model_len, .max_num_seqs = o.max_num_seqs,
+                                        .max_tokens_per_step = o.max_num_batched_tokens,
+                                        .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights});
+  const KvCacheShape kv = runner->kv_shape();
+  return {std::move(runner), std::min(max_model_len, kv.num_blocks * kv.block_size), "--gpu-memory-utilization"};
+}
+
 void run_serve(ServeOptions o) {
-  if (o.device != "cpu") fail("--device {}: the CUDA engine is not available in this build; use --device cpu", o.device);
+  const Device dev = resolve_device(o.device);
+  if (o.kv_cache_dtype == "fp8" && dev == Device::kCuda)
+    fail("--kv-cache-dtype fp8 is not supported yet on the CUDA engine; use auto or bf16");
   if (o.kv_cache_dtype == "fp8") fail("--kv-cache-dtype fp8 is not implemented on the CPU runner; use auto or bf16");
-  if (o.model_dir.empty()) {
+  if (!o.dummy_weights.empty()) {
+    if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
+    if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");
+    o.model_dir = demo_model_dir();  // for the tokenizer only: the weights are made on the GPU
+    log::warn("--dummy-weights {}: RANDOM weights at the real shapes, for benchmarks; answers are random text",
+              o.dummy_weights);
+    if (o.srv.model_name.empty()) o.srv.model_name = "dummy-" + o.dummy_weights;
+  } else if (o.model_dir.empty()) {
     o.model_dir = demo_model_dir();
     log::warn("no --model given: serving the tiny demo model with RANDOM weights; answers are random text");
     if (o.srv.model_name.empty()) o.srv.model_name = "mxserve-demo-tiny";
@@ -71,31 +112,31 @@ void run_serve(ServeOptions o) {
   std::thread http([&] { srv.listen(); });
 
   // Load in the background of the running HTTP server: /health answers meanwhile.
-  std::unique_ptr<CpuRunner> runner;
+  std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<runtime::Engine> engine;
   std::shared_ptr<const Tokenizer> tok;
   try {
-    log::info("loading tokenizer and weights from {}", o.model_dir);
+    log::info("loading tokenizer and weights from {} (device {})", o.model_dir, device_name(dev));
     tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
-    CpuRunnerOptions ro;
-    ro.model_dir = o.model_dir;
-    ro.num_threads = o.threads;
-    ro.kv_tokens = o.kv_tokens;
-    ro.vocab_limit = tok->vocab_size();
-    runner = std::make_unique<CpuRunner>(ro);
+    LoadedRunner loaded = load_runner(o, dev, tok->vocab_size());
+    runner = std::move(loaded.runner);
     runtime::EngineOptions eo{.max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = o.max_num_batched_tokens,
-                              .max_waiting = o.max_waiting, .max_model_len = o.max_model_len};
+                              .max_waiting = o.max_waiting, .max_model_len = o.max_model_len,
+                              .enable_prefix_caching = o.enable_prefix_caching};
     const ModelConfig& cfg = runner->config();
     if (eo.max_model_len > cfg.max_position_embeddings)
       fail("--max-model-len {} exceeds the model's {} positions", eo.max_model_len, cfg.max_position_embeddings);
     // A request longer than the whole KV pool could never run: cap the context to it.
-    if (eo.max_model_len == 0) eo.max_model_len = std::min(cfg.max_position_embeddings, o.kv_tokens);
-    if (eo.max_model_len > o.kv_tokens) fail("--max-model-len {} exceeds the KV capacity of {} tokens (--kv-tokens)", eo.max_model_len, o.kv_tokens);
+    if (eo.max_model_len == 0) eo.max_model_len = std::min(cfg.max_position_embeddings, loaded.kv_capacity_tokens);
+    if (eo.max_model_len > loaded.kv_capacity_tokens)
+      fail("--max-model-len {} exceeds the KV capacity of {} tokens ({})", eo.max_model_len, loaded.kv_capacity_tokens,
+           loaded.capacity_flag);
     engine = std::make_unique<runtime::Engine>(*runner, eo);
     engine->start();
     srv.attach(engine.get(), tok, cfg.eos_token_ids);
-    log::info("model loaded: {} layers, max_model_len {}, KV {} blocks x {} tokens", cfg.num_layers,
-              engine->max_model_len(), runner->kv_shape().num_blocks, runner->kv_shape().block_size);
+    log::info("model loaded on {}: {} layers, max_model_len {}, KV {} blocks x {} tokens, prefix caching {}",
+              device_name(dev), cfg.num_layers, engine->max_model_len(), runner->kv_shape().num_blocks,
+              runner->kv_shape().block_size, o.enable_prefix_caching ? "on" : "off");
   } catch (...) {
     srv.stop();
     http.join();
@@ -128,10 +169,16 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8")->capture_default_str()->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--kv-tokens", o->kv_tokens, "CPU: KV capacity in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 24));
-  cmd->add_option("--device", o->device, "cpu|cuda")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--dummy-weights", o->dummy_weights, "serve random weights at a preset's shapes (20b|120b; CUDA, benchmarks)")
+      ->check(CLI::IsMember({"20b", "120b"}));
+  cmd->add_option("--device", o->device, "auto|cpu|cuda (auto = cuda when built with it and a GPU is visible)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--request-timeout", o->srv.request_timeout_s, "seconds")->capture_default_str()->check(CLI::Range(1.0, 86400.0));
   cmd->add_option("--drain-timeout", o->drain_timeout_s, "seconds to finish in-flight requests on SIGTERM")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
+                "reuse the KV of cached prompt prefixes across requests (default on)");
   cmd->callback([o] { run_serve(*o); });
 }
 

@@ -235,8 +235,19 @@ ModelConfig preset_config(const std::string& name) {
     c.intermediate_size = 64;
     c.num_experts = 8;
     c.sliding_window = 4;
+  } else if (name == "mini") {
+    // The GPU engine's test model: real head_dim (64) and GQA group (8) so the prefill kernels run,
+    // small enough for the CPU reference; a short window so test prompts cross it.
+    c.num_layers = 4;
+    c.hidden_size = 256;
+    c.num_heads = 16;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.intermediate_size = 192;
+    c.num_experts = 16;
+    c.sliding_window = 16;
   } else {
-    fail("unknown preset '{}' (120b|20b|tiny)", name);
+    fail("unknown preset '{}' (120b|20b|mini|tiny)", name);
   }
   c.layer_is_sliding.assign(c.num_layers, 0);
   for (int i = 0; i < c.num_layers; ++i) c.layer_is_sliding[i] = (i % 2 == 0);

@@ -40,13 +40,15 @@ struct Engine::Seq {
   int num_computed = 0;             // tokens whose KV is in the cache
   int generated = 0;
   std::vector<int32_t> blocks;
+  std::vector<uint64_t> hashes;     // chain hashes of blocks[0, hashes.size()), all in the cache
+  int cached_tokens = -1;           // prefix-cache hit at first admission (-1 = not admitted yet)
   bool done = false;
 };
 
 Engine::Engine(ModelRunner& runner, const EngineOptions& opt)
     : runner_(runner), opt_(opt), block_size_(runner.kv_shape().block_size),
       max_model_len_(opt.max_model_len > 0 ? opt.max_model_len : runner.config().max_position_embeddings),
-      pool_(runner.kv_shape().num_blocks) {
+      pool_(runner.kv_shape().num_blocks, runner.kv_shape().block_size, opt.enable_prefix_caching, opt.block_hash) {
   MX_CHECK(block_size_ > 0, "bad KV block size {}", block_size_);
   MX_CHECK(opt_.max_num_seqs > 0 && opt_.max_num_batched_tokens > 0, "max_num_seqs and max_num_batched_tokens must be > 0");
 }
@@ -119,8 +121,31 @@ void Engine::take_inbox() {
 }
 
 void Engine::free_blocks(Seq& s) {
-  for (int32_t b : s.blocks) pool_.release(b);
+  // Tail first: the pool evicts the least recently freed cached block first, and a chain's later
+  // blocks are useless without its earlier ones.
+  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) pool_.release(*it);
   s.blocks.clear();
+  s.hashes.clear();
+  s.num_computed = 0;
+}
+
+int Engine::reuse_cached_prefix(Seq& s) {
+  const int max_blocks = (int(s.tokens.size()) - 1) / block_size_;  // the last token is always computed
+  s.blocks = pool_.match(s.tokens, max_blocks, s.hashes);
+  s.num_computed = int(s.blocks.size()) * block_size_;
+  return s.num_computed;
+}
+
+void Engine::cache_full_blocks(Seq& s) {
+  if (!pool_.caching()) return;
+  const size_t full = size_t(s.num_computed / block_size_);
+  std::span<const int32_t> toks(s.tokens);
+  for (size_t i = s.hashes.size(); i < full; ++i) {
+    auto blk = toks.subspan(i * size_t(block_size_), size_t(block_size_));
+    uint64_t h = pool_.hash(i ? s.hashes.back() : kRootHash, blk);
+    pool_.register_block(s.blocks[i], h, i ? s.blocks[i - 1] : -1, blk);
+    s.hashes.push_back(h);
+  }
 }
 
 void Engine::finish(Seq& s, FinishReason r) {
@@ -139,7 +164,6 @@ void Engine::finish(Seq& s, FinishReason r) {
 void Engine::preempt(Seq& s) {
   // Recompute: drop the KV, keep the known tokens; the sequence re-prefills them later.
   free_blocks(s);
-  s.num_computed = 0;
   std::lock_guard lk(mu_);
   ++stats_.preemptions;
 }
@@ -189,12 +213,22 @@ bool Engine::step() {
     sched.push_back({&s, n});
     budget -= n;
   }
+  uint64_t prompt_tokens = 0;
   while (!waiting_.empty() && budget > 0 && int(running_.size()) < opt_.max_num_seqs) {
     Seq& s = *waiting_.front();
+    int hit = reuse_cached_prefix(s);
     int n = std::min(int(s.tokens.size()) - s.num_computed, budget);
     if (!ensure_blocks(s, s.num_computed + n)) {
       free_blocks(s);
       break;  // wait for running sequences to finish
+    }
+    if (s.cached_tokens < 0) {
+      // Counted once per request (not again after a preemption), like vLLM's counters.
+      s.cached_tokens = hit;
+      prompt_tokens += uint64_t(hit);
+      std::lock_guard lk(mu_);
+      stats_.prefix_cache_queries += pool_.caching() ? s.req.prompt.size() : 0;
+      stats_.prefix_cache_hits += uint64_t(hit);
     }
     sched.push_back({&s, n});
     budget -= n;
@@ -207,6 +241,7 @@ bool Engine::step() {
     stats_.running = int(running_.size());
     stats_.waiting = int(waiting_.size());
     stats_.kv_usage = 1.0 - double(pool_.num_free()) / pool_.num_blocks();
+    stats_.cached_blocks = pool_.num_cached();
   };
   if (sched.empty()) {
     if (!waiting_.empty() && running_.empty()) {
@@ -221,7 +256,6 @@ bool Engine::step() {
 
   std::vector<SeqStep> steps(sched.size());
   std::vector<SampleResult> out(sched.size());
-  uint64_t prompt_tokens = 0;
   for (size_t i = 0; i < sched.size(); ++i) {
     auto [s, n] = sched[i];
     SeqStep& st = steps[i];
@@ -241,12 +275,14 @@ bool Engine::step() {
   for (size_t i = 0; i < sched.size(); ++i) {
     auto [s, n] = sched[i];
     s->num_computed += n;
+    cache_full_blocks(*s);
     if (!steps[i].sample) continue;
     const SampleResult& r = out[i];
     TokenEvent ev;
     ev.token = r.token;
     ev.logprob = r.logprob;
     ev.top = r.top;
+    ev.cached_tokens = std::max(s->cached_tokens, 0);
     s->tokens.push_back(r.token);
     ++s->generated;
     ++gen_tokens;

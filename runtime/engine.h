@@ -9,7 +9,18 @@
 // preempted by recompute: its blocks are freed and it goes back to the front of the waiting
 // queue with its generated tokens kept as known tokens.
 //
-// Not implemented yet: the prefix cache (blocks are never shared between requests).
+// Prefix caching (EngineOptions::enable_prefix_caching, see block_pool.h): every full block a
+// sequence has computed is registered in the pool's cache; on admission a sequence takes
+// references on the longest cached chain of its known tokens (never all of them: the last one is
+// always computed so there are logits to sample from) and starts computing after it. Blocks of
+// finished, aborted or preempted sequences stay cached until the pool needs them.
+//
+// Why reuse is also right for sliding-window layers: a block's KV is a pure function of the
+// tokens at positions [0, end of block) (RoPE positions are implied by the chain depth), and the
+// runner keeps every position of every layer in the paged cache (one block table is shared by
+// all layers; sliding layers only restrict which positions attention reads). So a sequence
+// resuming at position p finds positions p-window..p-1 in its reused blocks exactly as if it had
+// computed them itself.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -36,6 +47,7 @@ struct TokenEvent {
   std::vector<std::pair<int32_t, float>> top;
   FinishReason finish = FinishReason::kNone;
   bool stop_token = false;     // `token` is the stop token that ended the request
+  int cached_tokens = 0;       // prompt tokens served from the prefix cache at admission
 };
 
 // Per-request delivery queue (engine thread -> HTTP thread).
@@ -64,6 +76,8 @@ struct EngineOptions {
   int max_num_batched_tokens = 2048;
   int max_waiting = 256;        // bounded queue: submit() fails beyond it (server answers 429)
   int max_model_len = 0;        // 0 = the model's max_position_embeddings
+  bool enable_prefix_caching = true;
+  BlockHashFn block_hash = nullptr;  // nullptr = default_block_hash; tests force collisions
 };
 
 struct EngineStats {
@@ -74,6 +88,9 @@ struct EngineStats {
   uint64_t prompt_tokens = 0;
   uint64_t generation_tokens = 0;
   uint64_t steps = 0;
+  uint64_t prefix_cache_queries = 0;  // prompt tokens looked up at first admission
+  uint64_t prefix_cache_hits = 0;     // of which served from the cache
+  int cached_blocks = 0;              // blocks currently registered in the prefix cache
 };
 
 class Engine {
@@ -104,6 +121,8 @@ class Engine {
   void free_blocks(Seq& s);
   void preempt(Seq& s);
   bool ensure_blocks(Seq& s, int num_tokens);
+  int reuse_cached_prefix(Seq& s);
+  void cache_full_blocks(Seq& s);
   void loop();
 
   void warmup();

@@ -34,7 +34,10 @@ if [ ! -f "$TOK_DIR/tokenizer.json" ] || ! echo "$TOK_SHA256  $TOK_DIR/tokenizer
 fi
 
 # Node packages for the black-box server tests (OpenAI SDK), pinned by package-lock.json.
-if [ -f tests/server/package-lock.json ] && [ ! -d tests/server/node_modules ]; then
-  (cd tests/server && npm ci --silent --no-audit --no-fund >/dev/null 2>&1)
+# A stamp of the lock file makes a changed lock reinstall instead of keeping stale packages.
+if [ -f tests/server/package-lock.json ] && ! cmp -s tests/server/package-lock.json tests/server/node_modules/.lock-stamp; then
+  echo "setup: npm ci in tests/server"
+  (cd tests/server && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || { echo "setup: npm ci in tests/server failed"; exit 1; }
+  cp tests/server/package-lock.json tests/server/node_modules/.lock-stamp
 fi
 echo "setup: ok"

@@ -35,6 +35,8 @@ std::string Metrics::text(const std::string& model, const runtime::EngineStats& 
   counter("vllm:num_preemptions_total", st.preemptions);
   counter("vllm:prompt_tokens_total", st.prompt_tokens);
   counter("vllm:generation_tokens_total", st.generation_tokens);
+  counter("vllm:prefix_cache_queries_total", st.prefix_cache_queries);
+  counter("vllm:prefix_cache_hits_total", st.prefix_cache_hits);
   std::lock_guard lk(mu_);
   out += ttft_.text("vllm:time_to_first_token_seconds", l);
   out += itl_.text("vllm:inter_token_latency_seconds", l);

@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -47,6 +48,8 @@ struct ChoiceState {
   std::string finish;                              // "" while running
   json logprobs = json::array();
   int completion_tokens = 0;
+  int cached_tokens = 0;                           // prompt tokens the prefix cache served
+  bool role_sent = false;                          // streaming chat: the role chunk went out
   bool stopped_by_string = false;
 };
 
@@ -125,6 +128,7 @@ struct Server::Impl {
       g.sampling.seed = p.sampling.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
       g.max_tokens = max_tokens;
       g.stop_token_ids = chat ? chat_stop_ids : eos_ids;
+      g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
       g.deadline = deadline;
       auto id = e.submit(std::move(g), c->ch);
       if (!id) {
@@ -177,9 +181,13 @@ struct Server::Impl {
     bool finishing = ev.finish != runtime::FinishReason::kNone;
     if (ev.token >= 0) {
       ++c.completion_tokens;
+      c.cached_tokens = ev.cached_tokens;
       if (p.sampling.logprobs && !ev.stop_token) c.logprobs.push_back(logprob_entry(ev.token, ev));
+      // A request's own stop_token_ids end the text like a stop string: the token is not output.
+      bool user_stop = ev.stop_token && std::find(chat_stop_ids.begin(), chat_stop_ids.end(), ev.token) == chat_stop_ids.end();
       if (chat) {
-        std::vector<harmony::Event> evs = c.parser->push(ev.token);
+        std::vector<harmony::Event> evs;
+        if (!user_stop) evs = c.parser->push(ev.token);
         if (finishing) {
           auto more = c.parser->finish();
           evs.insert(evs.end(), more.begin(), more.end());
@@ -234,6 +242,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   runtime::Engine* e = nullptr;
   try {
     p = parse_common(*body, chat, opt.limits);
+    for (int32_t t : p.stop_token_ids)
+      if (t >= tok->vocab_size()) throw InvalidRequest("stop_token_ids", fmt::format("stop token id {} is out of vocabulary", t));
     if (!(e = ready_engine(res))) return;
     if (chat) {
       harmony::ChatRequest cr = harmony::chat_request_from_json(*body);
@@ -275,7 +285,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   auto usage = [choices, prompt_tokens] {
     int ct = 0;
     for (auto& c : *choices) ct += c->completion_tokens;
-    return json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", ct}, {"total_tokens", prompt_tokens + ct}};
+    // The prompt is counted once, so its cache hit is the first choice's (the others run the same
+    // prompt as separate engine requests).
+    return json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", ct}, {"total_tokens", prompt_tokens + ct},
+                {"prompt_tokens_details", {{"cached_tokens", choices->front()->cached_tokens}}}};
   };
   // Drives all choices until finished; `on_delta(choice, delta)` returns false if the client is gone.
   auto drive = [this, e, choices, p, chat, t0](const std::function<bool(ChoiceState&, json&)>& on_delta) {
@@ -313,36 +326,54 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   };
 
   if (!p.stream) {
-    drive([](ChoiceState&, json&) { return true; });
-    json out = {{"id", id}, {"object", object}, {"created", created}, {"model", opt.model_name}, {"choices", json::array()}};
-    for (auto& c : *choices) {
-      json ch = {{"index", c->index}, {"finish_reason", c->finish}};
-      json lp = p.sampling.logprobs ? json{{"content", c->logprobs}} : json(nullptr);
-      if (chat) {
-        json msg = {{"role", "assistant"}, {"content", c->content}, {"reasoning_content", c->reasoning}};
-        if (!c->tool_calls.empty()) msg["tool_calls"] = c->tool_calls;
-        ch["message"] = msg;
-        ch["logprobs"] = lp;
-      } else {
-        ch["text"] = c->content;
-        if (p.sampling.logprobs) {
-          json toks = json::array(), lps = json::array(), tops = json::array();
-          for (auto& l : c->logprobs) {
-            toks.push_back(l["token"]);
-            lps.push_back(l["logprob"]);
-            json t = json::object();
-            for (auto& x : l["top_logprobs"]) t[x["token"].get<std::string>()] = x["logprob"];
-            tops.push_back(t);
-          }
-          ch["logprobs"] = {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}};
+    auto full_body = [=, this] {
+      json out = {{"id", id}, {"object", object}, {"created", created}, {"model", opt.model_name}, {"choices", json::array()}};
+      for (auto& c : *choices) {
+        json ch = {{"index", c->index}, {"finish_reason", c->finish}};
+        json lp = p.sampling.logprobs ? json{{"content", c->logprobs}} : json(nullptr);
+        if (chat) {
+          json msg = {{"role", "assistant"}, {"content", c->content}, {"reasoning_content", c->reasoning}};
+          if (!c->tool_calls.empty()) msg["tool_calls"] = c->tool_calls;
+          ch["message"] = msg;
+          ch["logprobs"] = lp;
         } else {
-          ch["logprobs"] = nullptr;
+          ch["text"] = c->content;
+          if (p.sampling.logprobs) {
+            json toks = json::array(), lps = json::array(), tops = json::array();
+            for (auto& l : c->logprobs) {
+              toks.push_back(l["token"]);
+              lps.push_back(l["logprob"]);
+              json t = json::object();
+              for (auto& x : l["top_logprobs"]) t[x["token"].get<std::string>()] = x["logprob"];
+              tops.push_back(t);
+            }
+            ch["logprobs"] = {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}};
+          } else {
+            ch["logprobs"] = nullptr;
+          }
         }
+        out["choices"].push_back(ch);
       }
-      out["choices"].push_back(ch);
-    }
-    out["usage"] = usage();
-    res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+      out["usage"] = usage();
+      return out.dump(-1, ' ', false, json::error_handler_t::replace);
+    };
+    // Sent chunked so a client that gives up is noticed: while tokens are generated a space
+    // (valid leading JSON whitespace) goes out every second, and a write to a closed socket
+    // fails, which aborts the request like a dropped stream instead of running to max_tokens.
+    res.set_chunked_content_provider("application/json", [=](size_t, httplib::DataSink& sink) {
+      auto last = clock_t_::now();
+      bool ok = drive([&](ChoiceState&, json&) {
+        if (clock_t_::now() - last < std::chrono::seconds(1)) return true;
+        last = clock_t_::now();
+        return sink.is_writable() && sink.write(" ", 1);
+      });
+      if (ok) {
+        std::string b = full_body();
+        ok = sink.write(b.data(), b.size());
+      }
+      sink.done();
+      return ok;
+    });
     return;
   }
 
@@ -356,11 +387,14 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
                   {"model", opt.model_name}, {"choices", json::array({choice})}};
     };
-    bool ok = true;
-    if (chat)
-      for (auto& c : *choices)
-        ok = ok && send(chunk({{"index", c->index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
-    ok = ok && drive([&](ChoiceState& c, json& d) {
+    // The role chunk goes out with a choice's first sampled token, not at accept time: clients
+    // and benchmarks time the first token from the first chunk with choices (api.md 1.4).
+    bool ok = drive([&](ChoiceState& c, json& d) {
+      if (chat && !c.role_sent) {
+        c.role_sent = true;
+        if (!send(chunk({{"index", c.index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}})))
+          return false;
+      }
       bool fin = !c.finish.empty();
       if (d.empty() && !fin) return true;
       json ch = {{"index", c.index}, {"finish_reason", fin ? json(c.finish) : json(nullptr)}};

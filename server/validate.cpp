@@ -99,6 +99,23 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
       if (x.empty() || int(x.size()) > lim.max_stop_len)
         bad("stop", fmt::format("stop strings must be 1..{} bytes", lim.max_stop_len));
   }
+  if (present(body, "stop_token_ids")) {
+    const json& s = body["stop_token_ids"];
+    if (!s.is_array() || int(s.size()) > lim.max_stop_token_ids)
+      bad("stop_token_ids", fmt::format("'stop_token_ids' must be a list of at most {} token ids", lim.max_stop_token_ids));
+    for (const auto& t : s) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        bad("stop_token_ids", "'stop_token_ids' must be a list of non-negative integer token ids");
+      p.stop_token_ids.push_back(t.get<int32_t>());
+    }
+  }
+  // min_tokens needs stop tokens masked in the sampler, which the runners do not do yet: refuse
+  // it rather than silently ignore it (0 is the default and fine).
+  if (present(body, "min_tokens")) {
+    int64_t m = integer(body, "min_tokens", 0, 1 << 30);
+    if (p.max_tokens > 0 && m > p.max_tokens) bad("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", m, p.max_tokens));
+    if (m > 0) bad("min_tokens", "'min_tokens' > 0 is not supported");
+  }
   for (const char* unsupported : {"logit_bias", "response_format", "chat_template", "guided_regex", "guided_json"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
   return p;

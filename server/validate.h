@@ -15,6 +15,7 @@ struct Limits {
   int max_top_logprobs = 20;
   int max_stop = 16;
   int max_stop_len = 256;
+  int max_stop_token_ids = 64;
 };
 
 struct CommonParams {
@@ -24,6 +25,7 @@ struct CommonParams {
   bool stream = false;
   bool include_usage = false;
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  // vLLM extension; the caller checks them against the vocabulary
 };
 
 // chat: logprobs is a bool + top_logprobs; completions: logprobs is an int (0..20).

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include "model/model_runner.h"
 
 namespace mx {
@@ -19,7 +20,13 @@ struct CudaEngineOptions {
   int block_size = 16;
   int num_kv_blocks = 0;              // 0 = from gpu_memory_utilization
   bool keep_logits = false;           // copy sampled rows' logits to host (last_logits)
+  int vocab_limit = 0;                // ids >= this are never sampled (tokenizer size); 0 = model vocab
   uint64_t seed = 1;                  // dummy-weight seed
+  // Steps with at least this many tokens run the tensor-core prefill path (cuBLASLt GEMMs, grouped
+  // MoE, flash attention). Off by default: that path does not match the reference yet (see
+  // docs/perf.md); every step runs the decode kernels in chunks of 8 tokens.
+  int prefill_min_tokens = 1 << 30;
+  bool flash_prefill_attention = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
 };
 
 struct CudaLoadStats {
@@ -27,9 +34,20 @@ struct CudaLoadStats {
   size_t weight_bytes = 0, kv_bytes = 0, activation_bytes = 0;
 };
 
+// Time and bytes of one kernel kind over the last profiled step (all layers summed).
+struct KernelProfile {
+  std::string name;
+  double ms = 0, bytes = 0;
+  int calls = 0;
+};
+
 class CudaRunnerBase : public ModelRunner {
  public:
   virtual CudaLoadStats load_stats() const = 0;
+  // Profiled steps run eagerly with an event after every kernel (slower; for `bench --breakdown`).
+  virtual void set_profiling(bool on) = 0;
+  virtual std::vector<KernelProfile> last_profile() const = 0;
+  virtual void set_use_graphs(bool on) = 0;
   // Bytes of weights read by one decode step for M tokens (dense + expected distinct experts).
   virtual double decode_weight_bytes(int M) const = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <string>
 
 namespace mx::cuda {
@@ -48,7 +49,7 @@ GemmContext* gemm_context_create(size_t workspace_bytes) {
 
 void gemm_context_destroy(GemmContext* c) {
   if (!c) return;
-  for (int i = 0; i < c->n_plans; ++i) {
+  for (int i = 0; i < std::min(c->n_plans, kMaxPlans); ++i) {
     Plan& p = c->plans[i];
     cublasLtMatmulDescDestroy(p.desc);
     cublasLtMatrixLayoutDestroy(p.a);
@@ -62,13 +63,19 @@ void gemm_context_destroy(GemmContext* c) {
 
 static Plan& get_plan(GemmContext* c, const GemmBf16Params& q) {
   const bool has_bias = q.bias != nullptr;
-  for (int i = 0; i < c->n_plans; ++i) {
+  for (int i = 0; i < std::min(c->n_plans, kMaxPlans); ++i) {
     Plan& p = c->plans[i];
     if (p.M == q.M && p.N == q.N && p.K == q.K && p.f32 == q.y_f32 && p.acc == q.accumulate && p.bias == has_bias)
       return p;
   }
-  if (c->n_plans == kMaxPlans) gemm_throw("GEMM plan cache full");
-  Plan& p = c->plans[c->n_plans];
+  // Serving sees many token counts: when the cache is full, replace the oldest plan (round robin).
+  Plan& p = c->plans[c->n_plans % kMaxPlans];
+  if (c->n_plans >= kMaxPlans) {
+    cublasLtMatmulDescDestroy(p.desc);
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+  }
   p = Plan{};
   p.M = q.M; p.N = q.N; p.K = q.K; p.f32 = q.y_f32; p.acc = q.accumulate; p.bias = has_bias;
   // Column-major view: C[N, M] = W^T(op T of [K, N]) * X([K, M]).

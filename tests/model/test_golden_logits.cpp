@@ -21,19 +21,12 @@
 #include "model/cpu_reference.h"
 #include "model/fixture.h"
 #include "model/weights.h"
-#include "sha256.h"
+#include "tests/model/golden_fixture.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string sha256_file(const std::string& path) {
-  mx::MappedFile f(path);
-  mx::test::Sha256 h;
-  h.update(f.data(), f.size());
-  return h.hex();
-}
 
 struct Errors {
   double max_abs = 0, num = 0, den = 0;
@@ -42,30 +35,9 @@ struct Errors {
 
 void check_golden(const fs::path& golden_path) {
   json g = json::parse(mx::read_text_file(golden_path.string()));
-  const json& fx = g["fixture"];
-  mx::FixtureOptions opt;
-  opt.preset = fx["preset"].get<std::string>();
-  opt.seed = fx["seed"].get<uint64_t>();
-  opt.num_layers = fx["layers"].get<int>();
-  opt.num_experts = fx["experts"].get<int>();
-
-  std::string dir;
-  const char* cache = std::getenv("MXSERVE_FIXTURE_CACHE");  // tests only: reuse big fixtures
-  if (cache) {
-    dir = fmt::format("{}/{}-L{}-E{}-s{}", cache, opt.preset, opt.num_layers, opt.num_experts, opt.seed);
-  } else if (opt.preset == "tiny") {
-    dir = (fs::temp_directory_path() / fmt::format("mxserve-golden-{}-{}", opt.preset, ::getpid())).string();
-  } else {
-    GTEST_SKIP() << golden_path.filename() << ": fixture too large for CI; set MXSERVE_FIXTURE_CACHE to run it";
-  }
-  if (!fs::exists(fs::path(dir) / "model.safetensors.index.json")) {
-    opt.out_dir = dir;
-    mx::write_fixture(opt);
-  }
-  for (auto& [name, hash] : fx["shards_sha256"].items())
-    ASSERT_EQ(sha256_file((fs::path(dir) / name).string()), hash.get<std::string>())
-        << "fixture shard " << name << " differs from the one the goldens were made from";
-
+  bool temporary = false;
+  const std::string dir = mx::test::golden_fixture_dir(g, &temporary);
+  if (dir.empty()) GTEST_SKIP() << golden_path.filename() << ": fixture too large for CI; set MXSERVE_FIXTURE_CACHE to run it";
   mx::ModelConfig cfg = mx::load_model_config(dir);
   mx::Checkpoint ck = mx::Checkpoint::open(dir);
   mx::ModelWeights w = mx::bind_weights(ck, cfg);
@@ -100,7 +72,7 @@ void check_golden(const fs::path& golden_path) {
       ++err.positions;
     }
   }
-  if (!cache && opt.preset == "tiny") fs::remove_all(dir);
+  if (temporary) fs::remove_all(dir);
   double rel_l2 = std::sqrt(err.num / err.den);
   std::printf("[golden %s] positions %d, max abs err %.3g, rel L2 %.3g, argmax mismatches %d\n",
               golden_path.filename().c_str(), err.positions, err.max_abs, rel_l2, err.argmax_mismatch);

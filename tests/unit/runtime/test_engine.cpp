@@ -1,5 +1,4 @@
-// Engine/scheduler tests with a deterministic fake runner: the sampled token is
-// (last token + 1) % 1000, and every step's work is recorded to check budgets and block tables.
+// Engine/scheduler tests with the deterministic fake runner (fake_runner.h).
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -7,32 +6,12 @@
 #include "core/error.h"
 #include "runtime/block_pool.h"
 #include "runtime/engine.h"
+#include "tests/unit/runtime/fake_runner.h"
 
 namespace mx::runtime {
 namespace {
 
-class FakeRunner : public ModelRunner {
- public:
-  FakeRunner(int blocks, int block_size = 4) : shape_{block_size, blocks} { cfg_.max_position_embeddings = 4096; }
-  const ModelConfig& config() const override { return cfg_; }
-  KvCacheShape kv_shape() const override { return shape_; }
-  void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override {
-    int total = 0;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      const SeqStep& s = seqs[i];
-      total += int(s.tokens.size());
-      int need = (s.start_pos + int(s.tokens.size()) + shape_.block_size - 1) / shape_.block_size;
-      EXPECT_GE(int(s.block_table.size()), need);
-      if (s.sample) out[i].token = (s.tokens.back() + 1) % 1000;
-    }
-    step_tokens.push_back(total);
-  }
-  std::vector<int> step_tokens;
-
- private:
-  ModelConfig cfg_;
-  KvCacheShape shape_;
-};
+using fake::FakeRunner;
 
 std::vector<int32_t> drain(Channel& ch, FinishReason* fin) {
   std::vector<int32_t> toks;

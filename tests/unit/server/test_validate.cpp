@@ -45,6 +45,13 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"seed":1180591620717411303424})"), "seed");
   EXPECT_EQ(bad_param(R"({"logit_bias":{"abc":5}})"), "logit_bias");
   EXPECT_EQ(bad_param(R"({"stream":"yes"})"), "stream");
+  EXPECT_EQ(bad_param(R"({"stop_token_ids":["a"]})"), "stop_token_ids");  // row 24
+  EXPECT_EQ(bad_param(R"({"stop_token_ids":[-1]})"), "stop_token_ids");
+  EXPECT_EQ(bad_param(R"({"stop_token_ids":7})"), "stop_token_ids");
+  EXPECT_EQ(bad_param(R"({"stop_token_ids":[7,9]})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"min_tokens":50,"max_tokens":10})"), "min_tokens");  // row 25
+  EXPECT_EQ(bad_param(R"({"min_tokens":-1})"), "min_tokens");
+  EXPECT_EQ(bad_param(R"({"min_tokens":0})"), "<accepted>");
   json many = {{"stop", json::array()}};
   for (int i = 0; i < 1000; ++i) many["stop"].push_back("x");
   EXPECT_EQ(bad_param(many.dump()), "stop");
@@ -69,7 +76,12 @@ TEST(Metrics, PrometheusText) {
   runtime::EngineStats st;
   st.running = 3;
   st.preemptions = 2;
+  st.prefix_cache_queries = 40;
+  st.prefix_cache_hits = 16;
   std::string t = m.text("demo", st);
+  EXPECT_NE(t.find("# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{model_name=\"demo\"} 40\n"),
+            std::string::npos);
+  EXPECT_NE(t.find("vllm:prefix_cache_hits_total{model_name=\"demo\"} 16\n"), std::string::npos);
   EXPECT_NE(t.find("vllm:num_requests_running{model_name=\"demo\"} 3\n"), std::string::npos);
   EXPECT_NE(t.find("vllm:num_preemptions_total{model_name=\"demo\"} 2\n"), std::string::npos);
   EXPECT_NE(t.find("vllm:time_to_first_token_seconds_bucket{model_name=\"demo\",le=\"0.025\"} 1\n"), std::string::npos);

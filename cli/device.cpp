@@ -1,0 +1,62 @@
+#include "cli/device.h"
+
+#include "core/error.h"
+
+#ifdef MXSERVE_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/engine/cuda_runner.h"
+#endif
+
+namespace mx::cli {
+namespace {
+
+// Why not: the empty string means a GPU is usable.
+std::string cuda_unavailable_reason() {
+#ifdef MXSERVE_HAVE_CUDA
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // leave no sticky error for the engine to trip over later
+    return fmt::format("no usable CUDA GPU ({})", cudaGetErrorString(e));
+  }
+  return n > 0 ? "" : "no CUDA GPU is visible";
+#else
+  return "this build has no CUDA engine (configured with MXSERVE_CUDA off or without nvcc)";
+#endif
+}
+
+}  // namespace
+
+Device resolve_device(const std::string& flag) {
+  if (flag == "cpu") return Device::kCpu;
+  if (flag != "cuda" && flag != "auto") fail("--device {}: expected auto, cpu or cuda", flag);
+  const std::string why = cuda_unavailable_reason();
+  if (why.empty()) return Device::kCuda;
+  if (flag == "cuda") fail("--device cuda: {}; use --device cpu", why);
+  return Device::kCpu;
+}
+
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
+#ifdef MXSERVE_HAVE_CUDA
+  CudaEngineOptions eo;
+  eo.model_dir = f.model_dir;
+  eo.gpu_memory_utilization = f.gpu_memory_utilization;
+  eo.max_model_len = f.max_model_len;
+  eo.max_num_seqs = f.max_num_seqs;
+  eo.max_tokens_per_step = f.max_tokens_per_step;
+  eo.block_size = kCudaBlockSize;
+  eo.num_kv_blocks = f.num_kv_blocks;
+  eo.vocab_limit = f.vocab_limit;
+  eo.dummy_weights = !f.dummy_preset.empty();
+  eo.preset = f.dummy_preset;
+  return make_cuda_runner(eo);
+#else
+  (void)f;
+  fail("--device cuda: {}; use --device cpu", cuda_unavailable_reason());
+#endif
+}
+
+}  // namespace mx::cli

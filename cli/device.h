@@ -1,0 +1,33 @@
+// --device auto|cpu|cuda for the commands that run a model (generate, serve).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "model/model_runner.h"
+
+namespace mx::cli {
+
+enum class Device { kCpu, kCuda };
+
+// auto = cuda when this binary has the CUDA engine and a GPU is visible, else cpu. An explicit
+// cuda that cannot run fails with one line saying why (no CUDA in this build, or no GPU).
+Device resolve_device(const std::string& flag);
+const char* device_name(Device d);
+
+// What the CLI commands choose for the CUDA engine; kept free of CUDA headers.
+struct CudaRunnerFlags {
+  std::string model_dir;
+  float gpu_memory_utilization = 0.9f;
+  int max_model_len = 0;        // positions the KV cache must hold for one sequence
+  int max_num_seqs = 1;
+  int max_tokens_per_step = 2048;
+  int num_kv_blocks = 0;        // 0 = as many as gpu_memory_utilization leaves room for
+  int vocab_limit = 0;          // tokenizer size: ids past it are never sampled
+  std::string dummy_preset;     // 20b | 120b: random weights made on the GPU, no checkpoint read
+};
+constexpr int kCudaBlockSize = 16;
+
+// The CUDA engine's runner; its kv_shape() is what the runtime's block pool must use.
+std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f);
+
+}  // namespace mx::cli

@@ -1,0 +1,174 @@
+#include "kernels/attention_decode/attention_decode.h"
+
+#include <string>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/pdl.cuh"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int G = kAttnDecodeGroup, S = kAttnDecodeSplits, kWarps = 4;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ uint16_t to_bf(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// Scores are kept in log2 units: q is pre-scaled by log2(e) / sqrt(D).
+template <int D>
+__global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
+  __shared__ float qs[G][D];
+  __shared__ float wm[kWarps][G], wl[kWarps][G], wo[kWarps][G][D];
+  __shared__ bool last;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int kvh = blockIdx.x, qi = blockIdx.y, split = blockIdx.z, n = p.rows ? p.rows[qi] : qi;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int pos = p.pos[n], lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
+  const int per = max(32, ((nk + S - 1) / S + 31) & ~31);
+  const int begin = lo + split * per, end = min(pos + 1, begin + per);
+  const float qscale = kLog2e * rsqrtf(float(D));
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x)
+    qs[i / D][i % D] = p.q[size_t(n) * p.q_stride + size_t(kvh * G) * D + i] * qscale;
+  __syncthreads();
+
+  const int kvd = p.Hkv * D;
+  const int32_t* bt = p.block_tables + p.bt_off[n];
+  float m[G], l[G], o[G][2];
+  for (int h = 0; h < G; ++h) { m[h] = -INFINITY; l[h] = 0.f; o[h][0] = o[h][1] = 0.f; }
+  for (int c0 = begin + warp * 32; c0 < end; c0 += kWarps * 32) {
+    const int j = c0 + lane;
+    const bool valid = j < end;
+    const size_t row = valid ? size_t(bt[j / p.block_size]) * p.block_size + j % p.block_size : 0;
+    // Issue the K row and the chunk's V rows before any math so all the loads are in flight together.
+    uint4 kk[D / 8];
+    const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) kk[i] = valid ? *reinterpret_cast<const uint4*>(kp + 8 * i) : make_uint4(0, 0, 0, 0);
+    const int nv = min(32, end - c0);
+    uint32_t vv[32];
+#pragma unroll
+    for (int jj = 0; jj < 32; ++jj) {
+      const size_t r = __shfl_sync(0xffffffffu, row, jj);
+      vv[jj] = jj < nv && 2 * lane < D ? *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane) : 0u;
+    }
+    float s[G];
+    for (int h = 0; h < G; ++h) s[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      const uint32_t w[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
+      float kf[8];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) { kf[2 * u] = __uint_as_float(w[u] << 16); kf[2 * u + 1] = __uint_as_float(w[u] & 0xffff0000u); }
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int u = 0; u < 8; ++u) s[h] += qs[h][8 * i + u] * kf[u];
+    }
+    float pj[G];
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const float sv = valid ? s[h] : -INFINITY;
+      const float mn = fmaxf(m[h], warp_max(sv));  // finite: the chunk has a valid key
+      const float corr = exp2f(m[h] - mn);
+      pj[h] = exp2f(sv - mn);
+      l[h] = l[h] * corr + warp_sum(pj[h]);
+      o[h][0] *= corr;
+      o[h][1] *= corr;
+      m[h] = mn;
+    }
+#pragma unroll
+    for (int jj = 0; jj < 32; ++jj) {
+      const float v0 = __uint_as_float(vv[jj] << 16), v1 = __uint_as_float(vv[jj] & 0xffff0000u);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        const float w = __shfl_sync(0xffffffffu, pj[h], jj);  // zero past nv (invalid keys)
+        o[h][0] += w * v0;
+        o[h][1] += w * v1;
+      }
+    }
+  }
+  if (lane == 0)
+    for (int h = 0; h < G; ++h) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
+  if (2 * lane < D)
+    for (int h = 0; h < G; ++h) { wo[warp][h][2 * lane] = o[h][0]; wo[warp][h][2 * lane + 1] = o[h][1]; }
+  __syncthreads();
+
+  // This split's partial: (max, sum, unnormalized output) per head.
+  float* part = p.partials + (size_t(qi) * p.Hkv + kvh) * S * (2 * G + G * D);
+  float* mine = part + size_t(split) * (2 * G + G * D);
+  for (int i = threadIdx.x; begin < end && i < G * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
+    float acc = 0.f, sum = 0.f;
+    if (mx != -INFINITY)
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(wm[w][h] - mx);
+        acc += f * wo[w][h][d];
+        sum += f * wl[w][h];
+      }
+    mine[2 * G + i] = acc;
+    if (d == 0) { mine[h] = mx; mine[G + h] = sum; }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&p.tickets[qi * p.Hkv + kvh], 1) == S - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  // Merge the active splits: (max, sum) of all splits into shared memory first, so the output loop
+  // issues its S loads together instead of one dependent L2 round trip each.
+  __shared__ float fm[S][G], fl[S][G], den[G];
+  const int nsplit = min(S, (nk + per - 1) / per), stride = 2 * G + G * D;
+  for (int i = threadIdx.x; i < nsplit * G; i += blockDim.x) {
+    fm[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + i % G);
+    fl[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + G + i % G);
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int h = threadIdx.x;
+    const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
+    float mx = sink;
+    for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
+    float dn = exp2f(sink - mx);
+    for (int sp = 0; sp < nsplit; ++sp) {
+      const float f = fm[sp][h] == -INFINITY ? 0.f : exp2f(fm[sp][h] - mx);
+      dn += f * fl[sp][h];
+      fm[sp][h] = f;  // now the split's weight
+    }
+    den[h] = dn;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int h = i / D, d = i % D;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int sp = 0; sp < nsplit; ++sp) acc += fm[sp][h] * __ldcg(part + size_t(sp) * stride + 2 * G + i);
+    p.out[size_t(n) * p.Hq * D + size_t(kvh * G + h) * D + d] = to_bf(acc / den[h]);
+  }
+  if (threadIdx.x == 0) p.tickets[qi * p.Hkv + kvh] = 0;  // ready for the next launch / graph replay
+}
+
+}  // namespace
+
+void attention_decode(const AttnDecodeParams& p, cudaStream_t s) {
+  if (p.Hq != G * p.Hkv) throw_error("attention_decode: needs 8 query heads per KV head");
+  const dim3 grid(p.Hkv, p.M, S);
+  if (p.D == 64) launch_pdl(attn_decode_k<64>, grid, dim3(128), 0, s, p);
+  else if (p.D == 16) launch_pdl(attn_decode_k<16>, grid, dim3(128), 0, s, p);
+  else throw_error("attention_decode: head_dim " + std::to_string(p.D) + " is not instantiated (16, 64)");
+}
+
+}  // namespace mx::cuda

@@ -1,0 +1,40 @@
+// Decode attention over the paged bf16 KV cache: one CTA per (KV head, token, key split) handles
+// the 8 query heads of its GQA group, so each K/V row is loaded once for all of them. Splits write
+// (max, sum, output) partials; the last CTA of a (token, KV head), found by an atomic ticket, merges
+// them and adds the sink exp(sink - max) to the denominator exactly once. Sliding-window layers
+// simply start at pos - window + 1.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace mx::cuda {
+
+constexpr int kAttnDecodeSplits = 16;
+constexpr int kAttnDecodeGroup = 8;  // query heads per KV head (gpt-oss: 64 / 8)
+
+struct AttnDecodeParams {
+  const float* q = nullptr;             // fp32, query of token r at q + r * q_stride, RoPE applied
+  int q_stride = 0;                     // Hq * D, or the fused qkv row length
+  const int32_t* rows = nullptr;        // optional [M]: query i is token rows[i] (q, pos, bt_off, out)
+  const uint16_t* k_cache = nullptr;    // bf16 [rows, Hkv * D], row = block * block_size + offset
+  const uint16_t* v_cache = nullptr;
+  const int32_t* pos = nullptr;         // [M] position of each query; keys [lo, pos] are in the cache
+  const int32_t* bt_off = nullptr;      // [M] offset of each query's block table in block_tables
+  const int32_t* block_tables = nullptr;
+  const uint16_t* sinks = nullptr;      // bf16 [Hq]
+  uint16_t* out = nullptr;              // bf16 [tokens, Hq * D]
+  float* partials = nullptr;            // attention_decode_scratch_floats(M, Hkv, D)
+  int* tickets = nullptr;               // [M * Hkv], zero before the first launch; left zero
+  int M = 1, Hq = 64, Hkv = 8, D = 64, block_size = 16;
+  int window = 0;                       // 0 = full attention
+};
+
+inline size_t attention_decode_scratch_floats(int M, int Hkv, int D) {
+  return size_t(M) * Hkv * kAttnDecodeSplits * (2 * kAttnDecodeGroup + kAttnDecodeGroup * D);
+}
+
+// D must be 16 or 64 and Hq == 8 * Hkv.
+void attention_decode(const AttnDecodeParams& p, cudaStream_t s);
+
+}  // namespace mx::cuda

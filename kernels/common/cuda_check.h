@@ -1,0 +1,19 @@
+// Error reporting usable from .cu files, which compile as C++17 (mx::Error and fmt live in C++20
+// land): the message is built with std::string and thrown as mx::Error by cuda_check.cpp.
+#pragma once
+#include <string>
+#include <cuda_runtime.h>
+
+namespace mx::cuda {
+
+[[noreturn]] void throw_error(const std::string& msg);
+
+}  // namespace mx::cuda
+
+#define MX_CUDA(call)                                                                            \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess)                                                                       \
+      ::mx::cuda::throw_error(std::string("CUDA error ") + cudaGetErrorString(e_) + " at " + __FILE__ + \
+                              ":" + std::to_string(__LINE__));                                   \
+  } while (0)

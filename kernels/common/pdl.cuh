@@ -1,0 +1,40 @@
+// Programmatic dependent launch (sm_90): a kernel launched with launch_pdl may start while the
+// previous kernel in the stream finishes; it must call pdl_wait() before touching anything that
+// kernel writes, and before writing anything an earlier kernel may still read. Everything before
+// the wait is independent work, in practice issuing the kernel's first weight loads.
+#pragma once
+#include <utility>
+#include <cuda_runtime.h>
+
+#include "kernels/common/cuda_check.h"
+
+namespace mx::cuda {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the next kernel's CTAs launch (they still wait in pdl_wait for this grid to finish).
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MX_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace mx::cuda

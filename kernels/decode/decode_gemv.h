@@ -1,0 +1,97 @@
+// Decode-step kernels for M = 1..8 tokens (one mma n=8 column per token), BF16 and MXFP4 weights in
+// their checkpoint layout, fp32 residual stream. A layer is six launches:
+//   bf16_qkv_rope_kv  (rmsnorm prologue, bias, YaRN RoPE, K/V written to the paged cache)
+//   attention_decode  (attention_decode.h)
+//   bf16_o_proj_residual
+//   bf16_router       (rmsnorm prologue, also writes the normalized row for the experts)
+//   mxfp4_moe_fc1_swiglu (top-4 + softmax prologue, bias, clamped SwiGLU)
+//   mxfp4_moe_fc2     (bias, routing weight; per-slot outputs summed by the next consumer's prologue)
+// Then final_rmsnorm_bf16 + bf16_lm_head + argmax. All pointers are device pointers.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace mx::cuda {
+
+constexpr int kDecodeMaxTokens = 8;
+constexpr int kDecodeTopK = 4;
+constexpr int kRouterSplits = 8;  // K slices of the router GEMV, summed by the expert kernels
+
+// Residual input of a norm prologue: x + sum_j y_slot[:, j] (y_slot null after attention).
+struct DecodeResidual {
+  const float* x = nullptr;       // fp32 [M, H]
+  const float* y_slot = nullptr;  // fp32 [M, 4, H] weighted expert outputs, or null
+  float* x_out = nullptr;         // receives the summed residual (may be null)
+};
+
+struct QkvRopeKvParams {
+  DecodeResidual res;
+  const uint16_t* norm_w = nullptr;  // [H]
+  float eps = 1e-5f;
+  const uint16_t* w = nullptr;       // [(Hq + 2 Hkv) D, H]  q rows, then k, then v
+  const uint16_t* bias = nullptr;
+  const int32_t* pos = nullptr;      // [M]
+  const int32_t* slot = nullptr;     // [M] cache row (block * block_size + offset)
+  const float* inv_freq = nullptr;   // [D / 2]
+  float concentration = 1.f;
+  float* q_out = nullptr;            // fp32 [M, Hq * D], rotated
+  uint16_t* k_cache = nullptr;       // bf16 [rows, Hkv * D]
+  uint16_t* v_cache = nullptr;
+  int M = 1, H = 0, Hq = 0, Hkv = 0, D = 64;
+};
+void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s);
+
+// x[m, :] += W . attn[m, :] + bias
+struct OProjParams {
+  const uint16_t* attn = nullptr;  // bf16 [M, K]
+  const uint16_t* w = nullptr;     // [N, K]
+  const uint16_t* bias = nullptr;
+  float* x = nullptr;              // fp32 [M, N]
+  int M = 1, N = 0, K = 0;
+};
+void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s);
+
+// logits = W . rmsnorm(res[m]) + bias as kRouterSplits partial sums [kRouterSplits, M, E] (the bias in
+// slice 0); xn = the normalized rows (bf16 [M, H]).
+struct RouterParams {
+  DecodeResidual res;
+  const uint16_t* norm_w = nullptr;
+  float eps = 1e-5f;
+  const uint16_t* w = nullptr;     // [E, H]
+  const uint16_t* bias = nullptr;
+  float* logits = nullptr;         // fp32 [kRouterSplits, M, E]
+  uint16_t* xn = nullptr;          // bf16 [M, H]
+  int M = 1, E = 0, H = 0;
+};
+void bf16_router(const RouterParams& p, cudaStream_t s);
+
+// Experts of one layer, MXFP4: blocks [E, N, K/32, 16], scales [E, N, K/32], bias bf16 [E, N].
+struct MoeDecodeParams {
+  const float* router_logits = nullptr;  // fp32 [router_splits, M, E] partials; top-4 + softmax per CTA
+  int router_splits = 1;
+  const uint8_t* fc1_blocks = nullptr; const uint8_t* fc1_scales = nullptr; const uint16_t* fc1_bias = nullptr;
+  const uint8_t* fc2_blocks = nullptr; const uint8_t* fc2_scales = nullptr; const uint16_t* fc2_bias = nullptr;
+  const uint16_t* xn = nullptr;    // bf16 [M, H] normalized input
+  uint16_t* act = nullptr;         // bf16 [M, 4, I] SwiGLU output per (token, slot)
+  float* y_slot = nullptr;         // fp32 [M, 4, H] = w * (W2 . act + b2) per (token, slot)
+  int M = 1, E = 0, H = 0, I = 0;
+  float alpha = 1.702f, limit = 7.0f;
+};
+void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s);
+void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s);
+
+// xn[i] = bf16(rmsnorm(res[rows[i]])) for the S sampled rows.
+void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const uint16_t* norm_w, float eps,
+                        uint16_t* xn, int S, int H, cudaStream_t s);
+
+// logits[m, v] = W[v, :] . xn[m, :] (fp32), M <= 8.
+void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, int V, int H, cudaStream_t s);
+
+// Generic M <= 8 bf16 GEMV for tests and odd uses: y[m, n] = W . x[m] + bias (x bf16 [M, K]).
+void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bias, float* y, int M, int N, int K,
+                       cudaStream_t s);
+
+// Counts MXFP4 scale bytes above 128 (2^1), which the decode kernels cannot represent; result in *bad.
+void mxfp4_count_bad_scales(const uint8_t* scales, size_t n, unsigned long long* bad, cudaStream_t s);
+
+}  // namespace mx::cuda

@@ -1,0 +1,210 @@
+// MXFP4 expert kernels of the decode step. grid = (tile groups, distinct-expert slot). Every CTA
+// recomputes the routing of the step's M <= 8 tokens from the router logits (top-4 on raw logits,
+// lowest index on ties, softmax over the four), which is cheaper than a kernel boundary, and works on
+// one distinct expert so its weight tiles are read once for all the tokens that chose it.
+#include "kernels/decode/decode_gemv.h"
+
+#include <algorithm>
+#include <cfloat>
+
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/pdl.cuh"
+#include "kernels/decode/mma_tile.cuh"
+#include "kernels/decode/stage.cuh"
+
+namespace mx::cuda {
+namespace {
+using namespace mma;
+
+constexpr int kWarps = 4;
+constexpr int kMaxSlots = kMaxDecodeTokens * kTopK;
+
+struct Routing {
+  int idx[kMaxDecodeTokens][kTopK];
+  float w[kMaxDecodeTokens][kTopK];
+  int experts[kMaxSlots];  // distinct experts in order of first use (token-major)
+  int count;
+};
+
+__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+// One warp per token: four rounds of a warp argmax over the not-yet-chosen logits.
+__device__ void route_tokens(const float* logits, int splits, int M, int E, Routing& r) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int n = warp; n < M; n += blockDim.x >> 5) {
+    float v[4];
+    bool used[4];
+    for (int i = 0; i < 4; ++i) {
+      const int e = lane + 32 * i;
+      float x = -INFINITY;
+      if (e < E) {
+        x = 0.f;
+        for (int k = 0; k < splits; ++k) x += logits[(size_t(k) * M + n) * E + e];
+      }
+      v[i] = x == x ? x : -INFINITY;  // a NaN logit never wins
+      used[i] = e >= E;
+    }
+    float val[kTopK];
+    int sel[kTopK];
+    for (int j = 0; j < kTopK; ++j) {
+      float bv = -INFINITY;
+      int be = 0x7fffffff;
+      for (int i = 0; i < 4; ++i) {
+        const int e = lane + 32 * i;
+        if (!used[i] && (v[i] > bv || (v[i] == bv && e < be))) { bv = v[i]; be = e; }
+      }
+      for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+        if (ov > bv || (ov == bv && oe < be)) { bv = ov; be = oe; }
+      }
+      if ((be & 31) == lane) used[be >> 5] = true;
+      sel[j] = be;
+      val[j] = bv;
+    }
+    if (lane == 0) {
+      float z = 0.f, ex[kTopK];
+      for (int j = 0; j < kTopK; ++j) z += (ex[j] = expf(val[j] - val[0]));
+      for (int j = 0; j < kTopK; ++j) {
+        r.idx[n][j] = sel[j];
+        r.w[n][j] = ex[j] / z;
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int c = 0;
+    for (int n = 0; n < M; ++n)
+      for (int j = 0; j < kTopK; ++j) {
+        const int e = r.idx[n][j];
+        int u = 0;
+        while (u < c && r.experts[u] != e) ++u;
+        if (u == c) r.experts[c++] = e;
+      }
+    r.count = c;
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ int slot_of(const Routing& r, int n, int e) {
+  for (int j = 0; j < kTopK; ++j)
+    if (r.idx[n][j] == e) return j;
+  return -1;
+}
+
+template <int KSPLIT>
+__global__ void __launch_bounds__(128) fc1_k(MoeDecodeParams p) {
+  extern __shared__ __align__(16) uint16_t xs[];
+  __shared__ float red[kWarps * 32 * 4];
+  __shared__ Routing r;
+  pdl_wait();  // the experts to read depend on the router, the kernel just before
+  pdl_launch_dependents();
+  route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
+  if (int(blockIdx.y) >= r.count) return;  // uniform: fewer distinct experts than slots
+  const int e = r.experts[blockIdx.y], H = p.H, I = p.I;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * (kWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = I / 8;
+  // Fragment rows g / g+8 are gate row 2i / up row 2i+1 of activation i: SwiGLU meets in one thread.
+  const int i = min(tile, ntiles - 1) * 8 + g;
+  const size_t rA = size_t(e) * 2 * I + 2 * i, rB = rA + 1;
+  const int groups = H / 32;
+  const int s0 = (groups + 3) / 4 * kp / KSPLIT, s1 = (groups + 3) / 4 * (kp + 1) / KSPLIT;
+  Mxfp4Pipe pipe{{}, {}, {}, {}, p.fc1_blocks + rA * (H / 2), p.fc1_blocks + rB * (H / 2),
+                 p.fc1_scales + rA * groups, p.fc1_scales + rB * groups, s1, groups, t};
+  pipe.load(s0);
+  stage_bf16_rows([&](int n) -> const uint16_t* { return slot_of(r, n, e) >= 0 ? p.xn + size_t(n) * H : nullptr; },
+                  p.M, H, true, xs);
+  __syncthreads();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  tile_mxfp4_run(pipe, xs + min(g, p.M - 1) * staged_ld(H), s0, c);
+  reduce_ksplit(c, red, KSPLIT);
+  if (kp != 0 || tile >= ntiles) return;
+  const float bg = bf(p.fc1_bias[rA]), bu = bf(p.fc1_bias[rB]);
+  for (int q = 0; q < 2; ++q) {
+    const int n = 2 * t + q;
+    if (n >= p.M) break;
+    const int j = slot_of(r, n, e);
+    if (j < 0) continue;
+    const float gate = fminf(c[q] + bg, p.limit);
+    const float up = fminf(fmaxf(c[2 + q] + bu, -p.limit), p.limit);
+    const float glu = gate / (1.f + expf(-p.alpha * gate));
+    p.act[(size_t(n) * kTopK + j) * I + i] = uint16_t(f32_to_bf16_bits(glu * (up + 1.f)));
+  }
+}
+
+template <int KSPLIT>
+__global__ void __launch_bounds__(128) fc2_k(MoeDecodeParams p) {
+  extern __shared__ __align__(16) uint16_t xs[];
+  __shared__ float red[kWarps * 32 * 4];
+  __shared__ Routing r;
+  // The router finished before FC1 passed its own wait, and FC1 lets this kernel launch only after
+  // that: routing and the first weight loads overlap FC1's tail; the wait guards FC1's activations.
+  route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
+  if (int(blockIdx.y) >= r.count) return;
+  const int e = r.experts[blockIdx.y], H = p.H, I = p.I;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * (kWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = (H + 15) / 16;
+  const int r0 = min(tile, ntiles - 1) * 16;
+  const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
+  const int groups = I / 32;
+  const int s0 = (groups + 3) / 4 * kp / KSPLIT, s1 = (groups + 3) / 4 * (kp + 1) / KSPLIT;
+  Mxfp4Pipe pipe{{}, {}, {}, {}, p.fc2_blocks + rA * (I / 2), p.fc2_blocks + rB * (I / 2),
+                 p.fc2_scales + rA * groups, p.fc2_scales + rB * groups, s1, groups, t};
+  pipe.load(s0);
+  pdl_wait();
+  pdl_launch_dependents();
+  stage_bf16_rows(
+      [&](int n) -> const uint16_t* {
+        const int j = slot_of(r, n, e);
+        return j >= 0 ? p.act + (size_t(n) * kTopK + j) * I : nullptr;
+      },
+      p.M, I, true, xs);
+  __syncthreads();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  tile_mxfp4_run(pipe, xs + min(g, p.M - 1) * staged_ld(I), s0, c);
+  reduce_ksplit(c, red, KSPLIT);
+  if (kp != 0 || tile >= ntiles) return;
+  for (int q = 0; q < 4; ++q) {
+    const int n = 2 * t + (q & 1), row = r0 + g + (q >> 1) * 8;
+    if (n >= p.M || row >= H) continue;
+    const int j = slot_of(r, n, e);
+    if (j < 0) continue;
+    p.y_slot[(size_t(n) * kTopK + j) * H + row] = r.w[n][j] * (c[q] + bf(p.fc2_bias[size_t(e) * H + row]));
+  }
+}
+
+// FC1 has 4x the rows of FC2: one warp per tile keeps all its warps resident in one wave (126 registers).
+constexpr int kFc1Split = 1, kFc2Split = 2;
+
+template <class K>
+void allow_smem(K kernel) {
+  MX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+}
+
+void check(const MoeDecodeParams& p) {
+  if (p.M < 1 || p.M > kMaxDecodeTokens) throw_error("moe decode: M must be 1..8, got " + std::to_string(p.M));
+  if (p.E < kTopK || p.E > 128) throw_error("moe decode: expert count must be 4..128");
+  if (p.H % 32 || p.I % 32) throw_error("moe decode: hidden and intermediate sizes must be multiples of 32");
+}
+
+}  // namespace
+
+void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
+  check(p);
+  static bool init = (allow_smem(fc1_k<kFc1Split>), true);
+  (void)init;
+  const int ntiles = p.I / 8, per = kWarps / kFc1Split;
+  const dim3 grid((ntiles + per - 1) / per, std::min(p.M * kTopK, p.E));
+  launch_pdl(fc1_k<kFc1Split>, grid, dim3(128), size_t(p.M) * staged_ld(p.H) * 2, s, p);
+}
+
+void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
+  check(p);
+  static bool init = (allow_smem(fc2_k<kFc2Split>), true);
+  (void)init;
+  const int ntiles = (p.H + 15) / 16, per = kWarps / kFc2Split;
+  const dim3 grid((ntiles + per - 1) / per, std::min(p.M * kTopK, p.E));
+  launch_pdl(fc2_k<kFc2Split>, grid, dim3(128), size_t(p.M) * staged_ld(p.I) * 2, s, p);
+}
+
+}  // namespace mx::cuda

@@ -1,0 +1,106 @@
+// The CUDA runner's state, shared by its three translation units:
+//   cuda_runner.cpp     memory plan, weight upload / dummy fill, step() and CUDA graphs
+//   forward_decode.cpp  the decode forward (M <= 8 tokens): six fused kernels per layer
+//   forward_prefill.cpp the prefill forward (many tokens): cuBLASLt GEMMs, grouped MoE, flash attention
+#pragma once
+#include <cuda_runtime.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "kernels/engine/cuda_runner.h"
+#include "kernels/gemm/gemm_bf16.h"
+
+namespace mx {
+
+struct DevLayer {
+  uint16_t *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
+  uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
+  uint16_t *up_bias, *down_bias;
+  uint16_t *k_cache, *v_cache;
+};
+
+// Byte sizes of every tensor of one layer, in arena order.
+struct LayerSizes {
+  size_t attn_norm, qkv_w, qkv_b, o_w, o_b, sinks, mlp_norm, router_w, router_b, up_blocks, up_scales, up_bias,
+      down_blocks, down_scales, down_bias;
+  explicit LayerSizes(const ModelConfig& c);
+  size_t total() const;
+  size_t expert_bytes() const;  // one expert, fc1 + fc2 (blocks, scales, bias)
+};
+
+// Step metadata in one pinned host block and its device mirror (one H2D copy per step).
+struct StepMeta {
+  int32_t *tok, *pos, *slot, *bt_off, *srow, *srow_local, *decode_rows, *bt;
+};
+
+class CudaRunner final : public CudaRunnerBase {
+ public:
+  explicit CudaRunner(const CudaEngineOptions& opt);
+  ~CudaRunner() override;
+
+  const ModelConfig& config() const override { return cfg_; }
+  KvCacheShape kv_shape() const override { return {opt_.block_size, num_blocks_}; }
+  CudaLoadStats load_stats() const override { return stats_; }
+  double decode_weight_bytes(int M) const override;
+  std::span<const float> last_logits(int index) const override;
+  void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override;
+  void set_profiling(bool on) override { profiling_ = on; }
+  std::vector<KernelProfile> last_profile() const override { return profile_; }
+  void set_use_graphs(bool on) override { use_graphs_ = on; }
+
+ private:
+  void plan_memory();
+  void fill_dummy();
+  void upload(const struct ModelWeights& w);
+  void check_scales();
+  bool prefill_path_supported() const;
+
+  // Decode forward over tokens [t0, t0 + M) of the step (M <= 8); samples the S rows listed in
+  // meta srow_local[s0 .. s0 + S) into logits / results slot s0.
+  void forward_decode(int t0, int M, int s0, int S);
+  // Prefill forward over all M tokens of the step with the sequences' layout.
+  void forward_prefill(int M, int S, const std::vector<std::array<int, 3>>& seqs, int n_decode);
+  void final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
+  void run_decode_graph(int M);
+
+  // Kernel timing for `bench --breakdown` (eager steps only).
+  void mark(const char* name, double bytes);
+
+  CudaEngineOptions opt_;
+  ModelConfig cfg_;
+  cudaStream_t stream_ = nullptr;
+  CudaLoadStats stats_;
+  int vocab_limit_ = 0;  // ids >= this (beyond the tokenizer) are never sampled
+  int T_ = 0, S_ = 0, bt_cap_ = 0, num_blocks_ = 0, last_sampled_ = 0;
+  uint8_t *weights_ = nullptr, *act_ = nullptr, *kv_ = nullptr;
+  uint16_t *embed_ = nullptr, *lm_head_ = nullptr, *final_norm_ = nullptr;
+  std::vector<DevLayer> layers_;
+  // activations
+  float *xa_, *xb_, *qkv_, *router_, *ew_, *ysl_, *logits_, *dres_, *inv_freq_, *attn_part_;
+  uint16_t *xn_, *qbf_, *attn_, *act_bf_, *xs_;
+  int32_t *eidx_, *tickets_;
+  // grouped-MoE routing scratch (prefill)
+  int32_t *moe_counts_, *moe_offsets_, *moe_sorted_tok_, *moe_sorted_slot_, *moe_tile_expert_, *moe_tile_row0_,
+      *moe_num_tiles_;
+  float* moe_sorted_w_;
+  int moe_max_tiles_ = 0;
+  cuda::GemmContext* gemm_ = nullptr;
+  StepMeta hmeta_{}, dmeta_{};
+  size_t meta_bytes_ = 0;
+  float concentration_ = 1.f;
+  float* host_logits_ = nullptr;
+  void* host_res_ = nullptr;
+  std::vector<float> scratch_;
+  // CUDA graphs of the single-chunk decode step, one per token count 1..8.
+  bool use_graphs_ = true;
+  std::array<cudaGraphExec_t, 9> graphs_{};
+  // profiling
+  bool profiling_ = false;
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::pair<const char*, double>> marks_;
+  std::vector<KernelProfile> profile_;
+};
+
+}  // namespace mx

@@ -1,0 +1,360 @@
+// Decode kernels (M <= 8 tokens) against CPU references. Label gpu.
+// Tolerances: the GPU rounds staged activations to bf16 and accumulates in fp32 in another order, so
+// the references round the same inputs to bf16 and accumulate in double; outputs must agree within
+// 1e-5 of sum |w x| (+1e-6). bf16 outputs (KV cache, activations) within one bf16 ulp of the reference.
+// MXFP4 decode is checked exact: one-hot activations make each output a single decoded weight.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/attention_decode/attention_decode.h"
+#include "kernels/decode/decode_gemv.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace {
+using namespace mx;
+using namespace mx::test;
+
+bool near_bf16(float got, double want, double abs_tol = 1e-6) {
+  return std::fabs(got - want) <= std::fabs(want) * (1.0 / 128) + abs_tol;
+}
+
+TEST(DecodeGemv, Bf16SmallMMatchesReferenceOddSizes) {
+  std::mt19937 rng(1);
+  for (auto [M, N, K] : {std::tuple{1, 7, 32}, std::tuple{3, 37, 96}, std::tuple{8, 129, 2880}, std::tuple{5, 200, 4096}}) {
+    auto W = random_bf16(size_t(N) * K, rng), b = random_bf16(N, rng), x = random_bf16(size_t(M) * K, rng);
+    DevBuf<uint16_t> dW(W), db(b), dx(x);
+    DevBuf<float> dy(size_t(M) * N);
+    dy.poison();
+    cuda::bf16_gemv_small_m(dx.p, dW.p, db.p, dy.p, M, N, K, 0);
+    auto y = dy.get();
+    for (int m = 0; m < M; ++m)
+      for (int r = 0; r < N; ++r) {
+        double ref = bf16_to_f32(b[r]), mag = 0;
+        for (int k = 0; k < K; ++k) {
+          const double t = double(bf16_to_f32(W[size_t(r) * K + k])) * bf16_to_f32(x[size_t(m) * K + k]);
+          ref += t;
+          mag += std::fabs(t);
+        }
+        ASSERT_NEAR(y[size_t(m) * N + r], ref, 1e-5 * mag + 1e-6) << M << "x" << N << "x" << K << " m=" << m << " r=" << r;
+      }
+  }
+}
+
+TEST(DecodeGemv, LmHeadMatchesReference) {
+  std::mt19937 rng(2);
+  const int M = 2, V = 1000, H = 320;
+  auto W = random_bf16(size_t(V) * H, rng), x = random_bf16(size_t(M) * H, rng);
+  DevBuf<uint16_t> dW(W), dx(x);
+  DevBuf<float> dy(size_t(M) * V);
+  dy.poison();
+  cuda::bf16_lm_head(dx.p, dW.p, dy.p, M, V, H, 0);
+  auto y = dy.get();
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < V; ++r) {
+      double ref = 0, mag = 0;
+      for (int k = 0; k < H; ++k) {
+        const double t = double(bf16_to_f32(W[size_t(r) * H + k])) * bf16_to_f32(x[size_t(m) * H + k]);
+        ref += t;
+        mag += std::fabs(t);
+      }
+      ASSERT_NEAR(y[size_t(m) * V + r], ref, 1e-5 * mag + 1e-6);
+    }
+}
+
+// rmsnorm(x + sum y_slot) -> bf16, as the staged activations of the GPU.
+std::vector<float> ref_norm_bf16(const std::vector<float>& res, const std::vector<uint16_t>& g, int M, int H, float eps) {
+  std::vector<float> out(size_t(M) * H);
+  for (int m = 0; m < M; ++m) {
+    double ss = 0;
+    for (int k = 0; k < H; ++k) ss += double(res[size_t(m) * H + k]) * res[size_t(m) * H + k];
+    const float inv = 1.0f / std::sqrt(float(ss / H) + eps);
+    for (int k = 0; k < H; ++k) out[size_t(m) * H + k] = round_bf16(bf16_to_f32(g[k]) * (res[size_t(m) * H + k] * inv));
+  }
+  return out;
+}
+
+void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y) {
+  std::mt19937 rng(3 + D + M);
+  const int N = (Hq + 2 * Hkv) * D, bs = 4, rows = 64;
+  const float eps = 1e-5f;
+  auto x = random_f32(size_t(M) * H, rng, -2, 2), y = random_f32(size_t(M) * 4 * H, rng, -0.5f, 0.5f);
+  auto g = random_bf16(H, rng, 0.5f, 1.5f), W = random_bf16(size_t(N) * H, rng), b = random_bf16(N, rng);
+  std::vector<float> inv(D / 2);
+  for (int i = 0; i < D / 2; ++i) inv[i] = std::pow(150000.f, -2.f * i / D);
+  std::vector<int32_t> pos(M), slot(M);
+  for (int m = 0; m < M; ++m) { pos[m] = 3 + 37 * m; slot[m] = (5 * m + 3) % rows; }
+  DevBuf<float> dx(x), dy(y), dxo(size_t(M) * H), dq(size_t(M) * Hq * D), dinv(inv);
+  DevBuf<uint16_t> dg(g), dW(W), db(b), dk(size_t(rows) * Hkv * D), dv(size_t(rows) * Hkv * D);
+  DevBuf<int32_t> dpos(pos), dslot(slot);
+  dq.poison(); dk.poison(); dv.poison(); dxo.poison();
+  cuda::QkvRopeKvParams p;
+  p.res = {dx.p, with_y ? dy.p : nullptr, dxo.p};
+  p.norm_w = dg.p; p.eps = eps; p.w = dW.p; p.bias = db.p; p.pos = dpos.p; p.slot = dslot.p; p.inv_freq = dinv.p;
+  p.concentration = 1.25f; p.q_out = dq.p; p.k_cache = dk.p; p.v_cache = dv.p;
+  p.M = M; p.H = H; p.Hq = Hq; p.Hkv = Hkv; p.D = D;
+  cuda::bf16_qkv_rope_kv(p, 0);
+  auto q = dq.get(); auto kc = dk.get(); auto vc = dv.get(); auto xo = dxo.get();
+  std::vector<float> res(x);
+  if (with_y)
+    for (int m = 0; m < M; ++m)
+      for (int j = 0; j < 4; ++j)
+        for (int k = 0; k < H; ++k) res[size_t(m) * H + k] += y[(size_t(m) * 4 + j) * H + k];
+  for (size_t i = 0; i < res.size(); ++i) ASSERT_NEAR(xo[i], res[i], 1e-5 * (1 + std::fabs(res[i])));
+  auto xn = ref_norm_bf16(res, g, M, H, eps);
+  for (int m = 0; m < M; ++m) {
+    std::vector<double> o(N), mag(N);
+    for (int r = 0; r < N; ++r) {
+      o[r] = bf16_to_f32(b[r]);
+      for (int k = 0; k < H; ++k) {
+        const double t = double(bf16_to_f32(W[size_t(r) * H + k])) * xn[size_t(m) * H + k];
+        o[r] += t;
+        mag[r] += std::fabs(t);
+      }
+    }
+    for (int h = 0; h < Hq + 2 * Hkv; ++h)
+      for (int d = 0; d < D / 2; ++d) {
+        const int r1 = h * D + d, r2 = r1 + D / 2;
+        double y1 = o[r1], y2 = o[r2];
+        if (h < Hq + Hkv) {
+          const float ang = float(pos[m]) * inv[d];
+          const double c = std::cos(ang) * 1.25, s = std::sin(ang) * 1.25;
+          y1 = o[r1] * c - o[r2] * s;
+          y2 = o[r2] * c + o[r1] * s;
+        }
+        const double tol = 1.25e-5 * (mag[r1] + mag[r2]) + 1e-5;
+        if (h < Hq) {
+          ASSERT_NEAR(q[size_t(m) * Hq * D + h * D + d], y1, tol) << "q m=" << m << " h=" << h << " d=" << d;
+          ASSERT_NEAR(q[size_t(m) * Hq * D + h * D + d + D / 2], y2, tol);
+        } else {
+          const bool is_k = h < Hq + Hkv;
+          const auto& cache = is_k ? kc : vc;
+          const size_t base = size_t(slot[m]) * Hkv * D + size_t(is_k ? h - Hq : h - Hq - Hkv) * D;
+          ASSERT_TRUE(near_bf16(bf16_to_f32(cache[base + d]), y1, tol)) << "kv m=" << m << " h=" << h << " d=" << d;
+          ASSERT_TRUE(near_bf16(bf16_to_f32(cache[base + d + D / 2]), y2, tol));
+        }
+      }
+  }
+}
+
+TEST(DecodeGemv, QkvRopeKvHeadDim64) { check_qkv(3, 320, 16, 2, 64, true); }
+TEST(DecodeGemv, QkvRopeKvHeadDim16EightTokens) { check_qkv(8, 64, 8, 1, 16, false); }
+
+TEST(DecodeGemv, OProjAddsToResidual) {
+  std::mt19937 rng(4);
+  const int M = 4, N = 72, K = 128;
+  auto W = random_bf16(size_t(N) * K, rng), b = random_bf16(N, rng), a = random_bf16(size_t(M) * K, rng);
+  auto x = random_f32(size_t(M) * N, rng);
+  DevBuf<uint16_t> dW(W), db(b), da(a);
+  DevBuf<float> dx(x);
+  cuda::bf16_o_proj_residual({da.p, dW.p, db.p, dx.p, M, N, K}, 0);
+  auto got = dx.get();
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < N; ++r) {
+      double ref = x[size_t(m) * N + r] + bf16_to_f32(b[r]), mag = 1;
+      for (int k = 0; k < K; ++k) {
+        const double t = double(bf16_to_f32(W[size_t(r) * K + k])) * bf16_to_f32(a[size_t(m) * K + k]);
+        ref += t;
+        mag += std::fabs(t);
+      }
+      ASSERT_NEAR(got[size_t(m) * N + r], ref, 1e-5 * mag);
+    }
+}
+
+TEST(DecodeGemv, RouterLogitsAndNormalizedRows) {
+  std::mt19937 rng(5);
+  const int M = 5, E = 20, H = 96;
+  auto x = random_f32(size_t(M) * H, rng, -3, 3);
+  auto g = random_bf16(H, rng, 0.5f, 1.5f), W = random_bf16(size_t(E) * H, rng), b = random_bf16(E, rng);
+  DevBuf<float> dx(x), dl(size_t(cuda::kRouterSplits) * M * E);
+  DevBuf<uint16_t> dg(g), dW(W), db(b), dxn(size_t(M) * H);
+  dl.poison(); dxn.poison();
+  cuda::RouterParams p;
+  p.res = {dx.p, nullptr, nullptr};
+  p.norm_w = dg.p; p.eps = 1e-5f; p.w = dW.p; p.bias = db.p; p.logits = dl.p; p.xn = dxn.p; p.M = M; p.E = E; p.H = H;
+  cuda::bf16_router(p, 0);
+  auto part = dl.get(); auto xn = dxn.get();
+  std::vector<float> lg(size_t(M) * E, 0.f);  // the expert kernels add the K-slice partials in order
+  for (int k = 0; k < cuda::kRouterSplits; ++k)
+    for (size_t i = 0; i < lg.size(); ++i) lg[i] += part[size_t(k) * M * E + i];
+  auto ref = ref_norm_bf16(x, g, M, H, 1e-5f);
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_TRUE(near_bf16(bf16_to_f32(xn[i]), ref[i], 1e-6)) << i;
+  for (int m = 0; m < M; ++m)
+    for (int e = 0; e < E; ++e) {
+      double r = bf16_to_f32(b[e]), mag = 1;
+      for (int k = 0; k < H; ++k) {
+        const double t = double(bf16_to_f32(W[size_t(e) * H + k])) * ref[size_t(m) * H + k];
+        r += t;
+        mag += std::fabs(t);
+      }
+      ASSERT_NEAR(lg[size_t(m) * E + e], r, 1e-5 * mag);
+    }
+}
+
+// Router logits that make token n choose `experts[n]` in this order (weights e^0, e^-1, ...).
+std::vector<float> forced_logits(const std::vector<std::array<int, 4>>& experts, int E, float gap) {
+  std::vector<float> lg(experts.size() * E, -50.f);
+  for (size_t n = 0; n < experts.size(); ++n)
+    for (int j = 0; j < 4; ++j) lg[n * E + experts[n][j]] = -gap * j;
+  return lg;
+}
+
+TEST(MoeDecode, Fc2DecodesMxfp4Exactly) {
+  std::mt19937 rng(6);
+  const int E = 5, H = 96, I = 96, M = 8;  // 6 row tiles, a partial 128-value segment
+  auto blocks = random_u8(size_t(E) * H * I / 2, rng), scales = random_u8(size_t(E) * H * I / 32, rng, 2, 128);
+  std::vector<uint16_t> bias(size_t(E) * H, 0);
+  DevBuf<uint8_t> db(blocks), ds(scales);
+  DevBuf<uint16_t> dbias(bias), dact(size_t(M) * 4 * I);
+  DevBuf<float> dy(size_t(M) * 4 * H);
+  // Token n: expert (n % E) first with weight 1 (the others e^-200 below it: weight 0 in fp32).
+  std::vector<std::array<int, 4>> ex(M);
+  for (int n = 0; n < M; ++n) ex[n] = {n % E, (n + 1) % E, (n + 2) % E, (n + 3) % E};
+  DevBuf<float> dlg(forced_logits(ex, E, 200.f));
+  for (int k0 = 0; k0 < I; k0 += M) {
+    std::vector<uint16_t> act(size_t(M) * 4 * I, f32_to_bf16(0.f));
+    for (int n = 0; n < M; ++n) act[(size_t(n) * 4) * I + k0 + n] = f32_to_bf16(1.f);
+    dact.put(act);
+    dy.poison();
+    cuda::MoeDecodeParams p;
+    p.router_logits = dlg.p; p.fc2_blocks = db.p; p.fc2_scales = ds.p; p.fc2_bias = dbias.p; p.act = dact.p;
+    p.y_slot = dy.p; p.M = M; p.E = E; p.H = H; p.I = I;
+    cuda::mxfp4_moe_fc2(p, 0);
+    auto y = dy.get();
+    for (int n = 0; n < M; ++n)
+      for (int r = 0; r < H; ++r) {
+        const size_t row = size_t(ex[n][0]) * H + r;
+        const float want = mxfp4_at(&blocks[row * I / 2], &scales[row * I / 32], k0 + n);
+        ASSERT_EQ(y[(size_t(n) * 4) * H + r], want) << "k=" << k0 + n << " n=" << n << " r=" << r;
+      }
+  }
+}
+
+void check_moe(int M, int E, int H, int I, uint64_t seed) {
+  std::mt19937 rng(seed);
+  const float alpha = 1.702f, limit = 7.f;
+  auto b1 = random_u8(size_t(E) * 2 * I * H / 2, rng), s1 = random_u8(size_t(E) * 2 * I * H / 32, rng, 118, 124);
+  auto b2 = random_u8(size_t(E) * H * I / 2, rng), s2 = random_u8(size_t(E) * H * I / 32, rng, 118, 124);
+  auto bias1 = random_bf16(size_t(E) * 2 * I, rng), bias2 = random_bf16(size_t(E) * H, rng);
+  auto xn = random_bf16(size_t(M) * H, rng, -2, 2);
+  auto lg = random_f32(size_t(M) * E, rng, -3, 3);
+  if (M > 1) lg[E + 3] = lg[E + 5] = 10.f;  // a tie: the lower index must win
+  DevBuf<uint8_t> db1(b1), ds1(s1), db2(b2), ds2(s2);
+  DevBuf<uint16_t> dbias1(bias1), dbias2(bias2), dxn(xn), dact(size_t(M) * 4 * I);
+  DevBuf<float> dlg(lg), dy(size_t(M) * 4 * H);
+  dact.poison(); dy.poison();
+  cuda::MoeDecodeParams p;
+  p.router_logits = dlg.p; p.fc1_blocks = db1.p; p.fc1_scales = ds1.p; p.fc1_bias = dbias1.p;
+  p.fc2_blocks = db2.p; p.fc2_scales = ds2.p; p.fc2_bias = dbias2.p; p.xn = dxn.p; p.act = dact.p; p.y_slot = dy.p;
+  p.M = M; p.E = E; p.H = H; p.I = I; p.alpha = alpha; p.limit = limit;
+  cuda::mxfp4_moe_fc1_swiglu(p, 0);
+  cuda::mxfp4_moe_fc2(p, 0);
+  auto act = dact.get(); auto y = dy.get();
+  for (int n = 0; n < M; ++n) {
+    std::vector<int> idx(E);
+    std::iota(idx.begin(), idx.end(), 0);
+    const float* r = &lg[size_t(n) * E];
+    std::partial_sort(idx.begin(), idx.begin() + 4, idx.end(), [&](int a, int b) { return r[a] > r[b] || (r[a] == r[b] && a < b); });
+    double z = 0, w[4];
+    for (int j = 0; j < 4; ++j) z += (w[j] = std::exp(double(r[idx[j]]) - r[idx[0]]));
+    for (int j = 0; j < 4; ++j) {
+      const int e = idx[j];
+      std::vector<float> a(I);
+      for (int i = 0; i < I; ++i) {
+        double hv[2], mag = 0;
+        for (int u = 0; u < 2; ++u) {
+          const size_t row = size_t(e) * 2 * I + 2 * i + u;
+          hv[u] = bf16_to_f32(bias1[row]);
+          for (int k = 0; k < H; ++k) {
+            const double t = double(mxfp4_at(&b1[row * H / 2], &s1[row * H / 32], k)) * bf16_to_f32(xn[size_t(n) * H + k]);
+            hv[u] += t;
+            mag += std::fabs(t);
+          }
+        }
+        const double gate = std::min(hv[0], double(limit)), up = std::clamp(hv[1], -double(limit), double(limit));
+        const double ref = gate / (1 + std::exp(-alpha * gate)) * (up + 1);
+        const float got = bf16_to_f32(act[(size_t(n) * 4 + j) * I + i]);
+        ASSERT_TRUE(near_bf16(got, ref, 1e-4 * mag)) << "act n=" << n << " j=" << j << " i=" << i << " " << got << " vs " << ref;
+        a[i] = got;  // the FC2 check below starts from the GPU's bf16 activations
+      }
+      for (int h = 0; h < H; ++h) {
+        const size_t row = size_t(e) * H + h;
+        double ref = bf16_to_f32(bias2[row]), mag = 0;
+        for (int i = 0; i < I; ++i) {
+          const double t = double(mxfp4_at(&b2[row * I / 2], &s2[row * I / 32], i)) * a[i];
+          ref += t;
+          mag += std::fabs(t);
+        }
+        ref *= w[j] / z;
+        ASSERT_NEAR(y[(size_t(n) * 4 + j) * H + h], ref, 1e-5 * mag + 1e-6) << "y n=" << n << " j=" << j << " h=" << h;
+      }
+    }
+  }
+}
+
+TEST(MoeDecode, Fc1Fc2MatchReferenceOneToken) { check_moe(1, 32, 288, 160, 7); }
+TEST(MoeDecode, Fc1Fc2MatchReferenceEightTokens) { check_moe(8, 16, 128, 96, 8); }
+TEST(MoeDecode, Fc1Fc2MatchReferenceThreeTokensManyExperts) { check_moe(3, 128, 64, 64, 9); }
+
+// Attention over a paged cache vs a double-precision reference (with the sink in the denominator).
+void check_attention(int D, int Hkv, std::vector<int> positions, int window, uint64_t seed) {
+  std::mt19937 rng(seed);
+  const int G = 8, Hq = G * Hkv, bs = 16, M = int(positions.size());
+  const int maxpos = *std::max_element(positions.begin(), positions.end());
+  const int nblk = maxpos / bs + 1, nblocks = nblk * M + 3;
+  auto kc = random_bf16(size_t(nblocks) * bs * Hkv * D, rng), vc = random_bf16(size_t(nblocks) * bs * Hkv * D, rng);
+  auto q = random_f32(size_t(M) * Hq * D, rng, -2, 2);
+  auto sinks = random_bf16(Hq, rng, -1, 3);
+  std::vector<int32_t> bt, bt_off;
+  for (int m = 0; m < M; ++m) {  // reversed, interleaved block ids: non-contiguous tables
+    bt_off.push_back(int(bt.size()));
+    for (int b = 0; b < nblk; ++b) bt.push_back((nblk - 1 - b) * M + m + 3);
+  }
+  DevBuf<uint16_t> dk(kc), dv(vc), ds(sinks), dout(size_t(M) * Hq * D);
+  DevBuf<float> dq(q), dpart(cuda::attention_decode_scratch_floats(M, Hkv, D));
+  DevBuf<int32_t> dpos(positions), dbt(bt), dbo(bt_off), dtk(std::vector<int32_t>(size_t(M) * Hkv, 0));
+  for (int rep = 0; rep < 2; ++rep) {  // the second launch checks the tickets were reset
+    dout.poison();
+    cuda::AttnDecodeParams p;
+    p.q = dq.p; p.q_stride = Hq * D; p.k_cache = dk.p; p.v_cache = dv.p; p.pos = dpos.p; p.bt_off = dbo.p;
+    p.block_tables = dbt.p; p.sinks = ds.p; p.out = dout.p; p.partials = dpart.p; p.tickets = dtk.p;
+    p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.block_size = bs; p.window = window;
+    cuda::attention_decode(p, 0);
+    auto out = dout.get();
+    for (int m = 0; m < M; ++m) {
+      const int pos = positions[m], lo = window ? std::max(0, pos - window + 1) : 0;
+      for (int h = 0; h < Hq; ++h) {
+        const int kvh = h / G;
+        std::vector<double> s;
+        double mx = bf16_to_f32(sinks[h]);
+        for (int j = lo; j <= pos; ++j) {
+          const size_t row = size_t(bt[bt_off[m] + j / bs]) * bs + j % bs;
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += double(q[(size_t(m) * Hq + h) * D + d]) * bf16_to_f32(kc[(row * Hkv + kvh) * D + d]);
+          s.push_back(dot / std::sqrt(double(D)));
+          mx = std::max(mx, s.back());
+        }
+        double den = std::exp(bf16_to_f32(sinks[h]) - mx);
+        for (double& v : s) den += (v = std::exp(v - mx));
+        for (int d = 0; d < D; ++d) {
+          double o = 0;
+          for (int j = lo; j <= pos; ++j) {
+            const size_t row = size_t(bt[bt_off[m] + j / bs]) * bs + j % bs;
+            o += s[j - lo] * bf16_to_f32(vc[(row * Hkv + kvh) * D + d]);
+          }
+          o /= den;
+          const float got = bf16_to_f32(out[(size_t(m) * Hq + h) * D + d]);
+          ASSERT_TRUE(near_bf16(got, o, 2e-4)) << "m=" << m << " pos=" << pos << " h=" << h << " d=" << d << " got " << got << " want " << o;
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionDecode, FullAttentionShortAndLongContexts) { check_attention(64, 2, {0, 5, 130, 700, 2100}, 0, 10); }
+TEST(AttentionDecode, SlidingWindow) { check_attention(64, 1, {3, 127, 128, 129, 1000}, 128, 11); }
+TEST(AttentionDecode, HeadDim16) { check_attention(16, 1, {0, 9, 40}, 4, 12); }
+
+}  // namespace

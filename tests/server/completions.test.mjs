@@ -1,0 +1,63 @@
+// /v1/completions and /v1/models through the OpenAI SDK.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { client, raw, MODEL } from './helpers.mjs';
+
+const oa = client();
+
+test('completions with a text prompt', async () => {
+  const r = await oa.completions.create({ model: MODEL, prompt: 'Once upon a time', max_tokens: 5, temperature: 0 });
+  assert.match(r.id, /^cmpl-/);
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices.length, 1);
+  assert.equal(typeof r.choices[0].text, 'string');
+  assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
+  assert.ok(r.usage.prompt_tokens > 0);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
+});
+
+test('completions with token ids, logprobs and streaming usage', async () => {
+  const prompt = [1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 11000, 12000, 13000, 14000, 15000, 16000, 17000, 18000];
+  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 4, logprobs: 2, temperature: 0 });
+  assert.equal(r.usage.prompt_tokens, prompt.length);
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, lp.token_logprobs.length);
+  assert.equal(lp.top_logprobs.length, lp.tokens.length);
+  for (const t of lp.top_logprobs) assert.ok(Object.keys(t).length >= 1 && Object.keys(t).length <= 2);
+  const chunks = [];
+  for await (const c of await oa.completions.create({
+    model: MODEL, prompt, max_tokens: 4, temperature: 0, stream: true, stream_options: { include_usage: true },
+  })) chunks.push(c);
+  const text = chunks.filter((c) => c.choices.length).map((c) => c.choices[0].text).join('');
+  assert.equal(text, r.choices[0].text);
+  const usage = chunks.at(-1).usage;
+  assert.equal(usage.prompt_tokens, prompt.length);
+  assert.equal(usage.prompt_tokens_details.cached_tokens, 16);  // one full 16-token block was cached
+});
+
+test('completions n=2 and stop', async () => {
+  const r = await oa.completions.create({ model: MODEL, prompt: 'abc', max_tokens: 4, n: 2, stop: 'zzz' });
+  assert.deepEqual(r.choices.map((c) => c.index).sort(), [0, 1]);
+});
+
+test('/v1/models lists the served model', async () => {
+  const models = [];
+  for await (const m of oa.models.list()) models.push(m);
+  assert.equal(models.length, 1);
+  assert.equal(models[0].id, MODEL);
+  assert.equal(models[0].object, 'model');
+  assert.equal(typeof models[0].max_model_len, 'number');
+});
+
+test('stop_token_ids end generation before the stop token (finish_reason stop)', async (t) => {
+  const prompt = [3000, 3001, 3002, 3003];
+  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 3, temperature: 0, logprobs: 0 });
+  const second = r.choices[0].logprobs.tokens[1];
+  const tok = await raw('/tokenize', { body: JSON.stringify({ prompt: second }) });
+  if (tok.json?.tokens?.length !== 1) return t.skip(`token ${JSON.stringify(second)} does not round-trip`);
+  const s = await oa.completions.create({ model: MODEL, prompt, max_tokens: 3, temperature: 0, stop_token_ids: tok.json.tokens });
+  assert.equal(s.choices[0].finish_reason, 'stop');
+  assert.ok(r.choices[0].text.startsWith(s.choices[0].text));
+  assert.equal(s.usage.completion_tokens, 2);
+});

@@ -1,0 +1,65 @@
+// Concurrency and client disconnects.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { client, user, metric, waitFor, FINISH, MODEL } from './helpers.mjs';
+
+const oa = client();
+
+test('32 concurrent streams all complete', async () => {
+  const one = async (i) => {
+    const stream = await oa.chat.completions.create({
+      model: MODEL, messages: user(`Request number ${i}.`), max_tokens: 8, stream: true, stream_options: { include_usage: true },
+    });
+    let finish = null, usage = null, chunks = 0;
+    for await (const c of stream) {
+      chunks++;
+      if (c.choices[0]?.finish_reason) finish = c.choices[0].finish_reason;
+      if (c.usage) usage = c.usage;
+    }
+    return { finish, usage, chunks };
+  };
+  const results = await Promise.all(Array.from({ length: 32 }, (_, i) => one(i)));
+  for (const r of results) {
+    assert.ok(FINISH.includes(r.finish), JSON.stringify(r));
+    assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
+  }
+  assert.ok(await waitFor(async () => (await metric('vllm:num_requests_running')) === 0, { timeoutMs: 5000 }));
+});
+
+test('a client that aborts mid-stream frees its request', async () => {
+  const ac = new AbortController();
+  const stream = await oa.chat.completions.create(
+    { model: MODEL, messages: user('Write a very long story.'), max_tokens: 4000, stream: true },
+    { signal: ac.signal });
+  // The SDK ends the iteration quietly on abort; the server sees the socket close.
+  let seen = 0;
+  for await (const c of stream) {
+    if (c.choices.length) seen++;
+    if (seen === 3) {
+      assert.equal(await metric('vllm:num_requests_running'), 1);
+      ac.abort();
+    }
+  }
+  assert.ok(seen >= 3);
+  const freed = await waitFor(async () => (await metric('vllm:num_requests_running')) === 0
+    && (await metric('vllm:kv_cache_usage_perc')) === 0, { timeoutMs: 5000 });
+  assert.ok(freed, 'vllm:num_requests_running did not return to 0 within 5 s');
+});
+
+test('a non-streaming client that gives up frees its request', async () => {
+  const ac = new AbortController();
+  const pending = oa.chat.completions.create(
+    { model: MODEL, messages: user('Another very long story.'), max_tokens: 4000 }, { signal: ac.signal });
+  assert.ok(await waitFor(async () => (await metric('vllm:num_requests_running')) === 1, { timeoutMs: 5000 }));
+  await new Promise((r) => setTimeout(r, 500));
+  ac.abort();
+  await assert.rejects(pending, (e) => e.name === 'APIUserAbortError' || e.name === 'AbortError');
+  const freed = await waitFor(async () => (await metric('vllm:num_requests_running')) === 0, { timeoutMs: 5000 });
+  assert.ok(freed, 'the abandoned non-streaming request kept running');
+});
+
+test('prefix cache counters are exported', async () => {
+  const q = await metric('vllm:prefix_cache_queries_total');
+  const h = await metric('vllm:prefix_cache_hits_total');
+  assert.ok(q > 0 && h > 0 && h <= q, `queries ${q} hits ${h}`);
+});
