@@ -126,20 +126,6 @@ __device__ __forceinline__ void for_outputs(const float (&c)[4], int r0, int N, 
 }
 
 template <int KSPLIT>
-__global__ void __launch_bounds__(128) o_proj_k(OProjParams p) {
-  extern __shared__ __align__(16) uint16_t xs[];
-  __shared__ float red[kWarps * 32 * 4];
-  PlainTile<KSPLIT> pt(p.w, p.N, p.K);
-  pdl_wait();
-  pdl_launch_dependents();
-  stage_bf16_rows(Bf16Rows{p.attn, p.K}, p.M, p.K, false, xs);
-  __syncthreads();
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  if (!pt.run(xs, p.M, p.K, red, c)) return;
-  for_outputs(c, pt.r0, p.N, p.M, [&](int n, int r, float v) { p.x[size_t(n) * p.N + r] += v + bf(p.bias[r]); });
-}
-
-template <int KSPLIT>
 __global__ void __launch_bounds__(128) router_k(RouterParams p) {
   extern __shared__ __align__(16) uint16_t xs[];
   __shared__ float red[kWarps * 32 * 4];
@@ -159,8 +145,10 @@ __global__ void __launch_bounds__(128) router_k(RouterParams p) {
   });
 }
 
+// y (+)= W . x + bias: the plain GEMV behind lm_head (no bias), o-proj (accumulates into the
+// residual) and the generic small-M entry point.
 struct GemvParams {
-  const uint16_t* x; const uint16_t* w; const uint16_t* bias; float* y; int M, N, K;
+  const uint16_t* x; const uint16_t* w; const uint16_t* bias; float* y; int M, N, K; bool accumulate;
 };
 template <int KSPLIT>
 __global__ void __launch_bounds__(128) gemv_k(GemvParams p) {
@@ -173,8 +161,10 @@ __global__ void __launch_bounds__(128) gemv_k(GemvParams p) {
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   if (!pt.run(xs, p.M, p.K, red, c)) return;
-  for_outputs(c, pt.r0, p.N, p.M,
-              [&](int n, int r, float v) { p.y[size_t(n) * p.N + r] = v + (p.bias ? bf(p.bias[r]) : 0.f); });
+  for_outputs(c, pt.r0, p.N, p.M, [&](int n, int r, float v) {
+    float& y = p.y[size_t(n) * p.N + r];
+    y = (p.accumulate ? y : 0.f) + v + (p.bias ? bf(p.bias[r]) : 0.f);
+  });
 }
 
 __global__ void __launch_bounds__(256) final_norm_k(DecodeResidual res, const int32_t* rows, const uint16_t* gamma,
@@ -232,9 +222,10 @@ void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
 
 void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {
   check_m(p.M);
-  static bool init = (allow_smem(o_proj_k<4>), true);
+  static bool init = (allow_smem(gemv_k<4>), true);
   (void)init;
-  launch_pdl(o_proj_k<4>, dim3((p.N + 15) / 16), dim3(128), smem_bytes(p.M, p.K), s, p);
+  launch_pdl(gemv_k<4>, dim3((p.N + 15) / 16), dim3(128), smem_bytes(p.M, p.K), s,
+             GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true});
 }
 
 void bf16_router(const RouterParams& p, cudaStream_t s) {
@@ -254,7 +245,7 @@ void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, i
   static bool init = (allow_smem(gemv_k<1>), true);
   (void)init;
   const int ntiles = (V + 15) / 16;
-  launch_pdl(gemv_k<1>, dim3((ntiles + 3) / 4), dim3(128), smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H});
+  launch_pdl(gemv_k<1>, dim3((ntiles + 3) / 4), dim3(128), smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false});
 }
 
 void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bias, float* y, int M, int N, int K,
@@ -263,7 +254,7 @@ void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   if (K % 32) throw_error("bf16_gemv_small_m: K=" + std::to_string(K) + " must be a multiple of 32");
   static bool init = (allow_smem(gemv_k<4>), true);
   (void)init;
-  launch_pdl(gemv_k<4>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s, GemvParams{x, w, bias, y, M, N, K});
+  launch_pdl(gemv_k<4>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s, GemvParams{x, w, bias, y, M, N, K, false});
 }
 
 void mxfp4_count_bad_scales(const uint8_t* scales, size_t n, unsigned long long* bad, cudaStream_t s) {

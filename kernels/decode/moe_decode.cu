@@ -86,6 +86,18 @@ __device__ void route_tokens(const float* logits, int splits, int M, int E, Rout
   __syncthreads();
 }
 
+// The weight rows (rA, rB) of expert matrix [*, K] in MXFP4 for split kp of KSPLIT; first batch issued.
+template <int KSPLIT>
+__device__ __forceinline__ Mxfp4Pipe expert_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA, size_t rB,
+                                                 int K, int kp, int t, int& s0) {
+  const int groups = K / 32, segs = (groups + 3) / 4;
+  s0 = segs * kp / KSPLIT;
+  Mxfp4Pipe pipe{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups,
+                 scales + rB * groups, segs * (kp + 1) / KSPLIT, groups, t};
+  pipe.load(s0);
+  return pipe;
+}
+
 __device__ __forceinline__ int slot_of(const Routing& r, int n, int e) {
   for (int j = 0; j < kTopK; ++j)
     if (r.idx[n][j] == e) return j;
@@ -107,11 +119,8 @@ __global__ void __launch_bounds__(128) fc1_k(MoeDecodeParams p) {
   // Fragment rows g / g+8 are gate row 2i / up row 2i+1 of activation i: SwiGLU meets in one thread.
   const int i = min(tile, ntiles - 1) * 8 + g;
   const size_t rA = size_t(e) * 2 * I + 2 * i, rB = rA + 1;
-  const int groups = H / 32;
-  const int s0 = (groups + 3) / 4 * kp / KSPLIT, s1 = (groups + 3) / 4 * (kp + 1) / KSPLIT;
-  Mxfp4Pipe pipe{{}, {}, {}, {}, p.fc1_blocks + rA * (H / 2), p.fc1_blocks + rB * (H / 2),
-                 p.fc1_scales + rA * groups, p.fc1_scales + rB * groups, s1, groups, t};
-  pipe.load(s0);
+  int s0;
+  Mxfp4Pipe pipe = expert_pipe<KSPLIT>(p.fc1_blocks, p.fc1_scales, rA, rB, H, kp, t, s0);
   stage_bf16_rows([&](int n) -> const uint16_t* { return slot_of(r, n, e) >= 0 ? p.xn + size_t(n) * H : nullptr; },
                   p.M, H, true, xs);
   __syncthreads();
@@ -146,11 +155,8 @@ __global__ void __launch_bounds__(128) fc2_k(MoeDecodeParams p) {
   const int tile = blockIdx.x * (kWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = (H + 15) / 16;
   const int r0 = min(tile, ntiles - 1) * 16;
   const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
-  const int groups = I / 32;
-  const int s0 = (groups + 3) / 4 * kp / KSPLIT, s1 = (groups + 3) / 4 * (kp + 1) / KSPLIT;
-  Mxfp4Pipe pipe{{}, {}, {}, {}, p.fc2_blocks + rA * (I / 2), p.fc2_blocks + rB * (I / 2),
-                 p.fc2_scales + rA * groups, p.fc2_scales + rB * groups, s1, groups, t};
-  pipe.load(s0);
+  int s0;
+  Mxfp4Pipe pipe = expert_pipe<KSPLIT>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
   pdl_wait();
   pdl_launch_dependents();
   stage_bf16_rows(

@@ -53,7 +53,12 @@ size_t LayerSizes::total() const {
   return t;
 }
 size_t LayerSizes::expert_bytes() const {
-  return up_blocks + up_scales + up_bias + down_blocks + down_scales + down_bias;  // all experts
+  return up_blocks + up_scales + up_bias + down_blocks + down_scales + down_bias;
+}
+
+double expected_distinct_experts(const ModelConfig& c, int M) {
+  const double E = c.num_experts;
+  return E * (1.0 - std::pow(1.0 - double(c.experts_per_token) / E, M));
 }
 
 CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt) {
@@ -103,10 +108,8 @@ CudaRunner::~CudaRunner() {
 
 double CudaRunner::decode_weight_bytes(int M) const {
   const LayerSizes s(cfg_);
-  const double E = cfg_.num_experts, k = cfg_.experts_per_token;
-  // Expected distinct experts touched by M tokens with uniform routing.
-  const double touched = E * (1.0 - std::pow(1.0 - k / E, M));
-  const double expert = double(s.expert_bytes()) / E;
+  const double touched = expected_distinct_experts(cfg_, M);
+  const double expert = double(s.expert_bytes()) / cfg_.num_experts;
   const double dense = double(s.total()) - double(s.expert_bytes());
   return cfg_.num_layers * (dense + touched * expert) + double(cfg_.vocab_size) * cfg_.hidden_size * 2 +
          double(cfg_.hidden_size) * 2 * M;  // lm_head + embedding rows
@@ -318,8 +321,10 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   MX_CHECK(out.size() == seqs.size(), "step: out.size() {} != seqs.size() {}", out.size(), seqs.size());
   const StepMeta& h = hmeta_;
   int M = 0, S = 0, nbt = 0, n_decode = 0;
-  std::vector<int> sample_seq;
-  std::vector<std::array<int, 3>> layout;  // first token row, token count, block-table offset
+  std::vector<int>& sample_seq = sample_seq_;
+  std::vector<std::array<int, 3>>& layout = layout_;
+  sample_seq.clear();
+  layout.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
     const int n = int(q.tokens.size());

@@ -19,7 +19,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S) {
   cudaStream_t s = stream_;
   const LayerSizes ls(c);
   // Bytes each kernel reads, for the profile (experts: distinct experts expected for M tokens).
-  const double touched = E * (1.0 - std::pow(1.0 - double(c.experts_per_token) / E, M));
+  const double touched = expected_distinct_experts(c, M);
   const double fc1_bytes = touched * double(ls.up_blocks + ls.up_scales + ls.up_bias) / E;
   const double fc2_bytes = touched * double(ls.down_blocks + ls.down_scales + ls.down_bias) / E;
 

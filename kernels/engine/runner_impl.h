@@ -27,8 +27,11 @@ struct LayerSizes {
       down_blocks, down_scales, down_bias;
   explicit LayerSizes(const ModelConfig& c);
   size_t total() const;
-  size_t expert_bytes() const;  // one expert, fc1 + fc2 (blocks, scales, bias)
+  size_t expert_bytes() const;  // all experts, fc1 + fc2 (blocks, scales, bias)
 };
+
+// Distinct experts M tokens touch on average with uniform routing (bytes-read estimates).
+double expected_distinct_experts(const ModelConfig& c, int M);
 
 // Step metadata in one pinned host block and its device mirror (one H2D copy per step).
 struct StepMeta {
@@ -93,6 +96,9 @@ class CudaRunner final : public CudaRunnerBase {
   float* host_logits_ = nullptr;
   void* host_res_ = nullptr;
   std::vector<float> scratch_;
+  // Host bookkeeping of step(), kept so a step allocates nothing once warm.
+  std::vector<int> sample_seq_;
+  std::vector<std::array<int, 3>> layout_;  // per sequence: first token row, token count, block-table offset
   // CUDA graphs of the single-chunk decode step, one per token count 1..8.
   bool use_graphs_ = true;
   std::array<cudaGraphExec_t, 9> graphs_{};
