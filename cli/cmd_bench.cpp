@@ -22,6 +22,7 @@ struct BenchOptions {
   std::string preset, model;
   std::vector<int> pp{512}, tg{128}, batch{1};
   int depth = 0, reps = 5;
+  int prefill_min_tokens = -1;  // -1: the engine's default
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
@@ -80,6 +81,7 @@ void run_bench(const BenchOptions& o) {
   eo.max_model_len = o.depth + std::max(max_pp, max_tg) + 16;
   eo.max_num_seqs = max_b;
   eo.max_tokens_per_step = std::max({max_b, 2048});
+  if (o.prefill_min_tokens >= 0) eo.prefill_min_tokens = o.prefill_min_tokens;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -202,6 +204,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--depth", o->depth, "KV depth filled before each test")->check(CLI::NonNegativeNumber);
   cmd->add_option("--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-memory-utilization", o->gpu_mem, "fraction of GPU memory to use")->check(CLI::Range(0.05, 1.0));
+  cmd->add_option("--prefill-min-tokens", o->prefill_min_tokens,
+                  "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");

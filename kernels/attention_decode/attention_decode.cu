@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/l2_prefetch.cuh"
 #include "kernels/common/pdl.cuh"
 
 namespace mx::cuda {
@@ -31,12 +32,17 @@ __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
   __shared__ float qs[G][D];
   __shared__ float wm[kWarps][G], wl[kWarps][G], wo[kWarps][G][D];
   __shared__ bool last;
+  const int kvh = blockIdx.x, qi = blockIdx.y, split = blockIdx.z;
+  l2_prefetch_slice(p.l2_prefetch, p.l2_prefetch_bytes, (split * gridDim.y + qi) * gridDim.x + kvh,
+                    gridDim.x * gridDim.y * gridDim.z);
   pdl_wait();
   pdl_launch_dependents();
-  const int kvh = blockIdx.x, qi = blockIdx.y, split = blockIdx.z, n = p.rows ? p.rows[qi] : qi;
+  const int n = p.rows ? p.rows[qi] : qi;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int pos = p.pos[n], lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
-  const int per = max(32, ((nk + S - 1) / S + 31) & ~31);
+  const int per = max(kWarps * 32, ((nk + S - 1) / S + 31) & ~31);
+  const int nsplit = min(S, (nk + per - 1) / per);
+  if (split >= nsplit && nsplit == 1) return;  // one split: no partials, no ticket
   const int begin = lo + split * per, end = min(pos + 1, begin + per);
   const float qscale = kLog2e * rsqrtf(float(D));
   for (int i = threadIdx.x; i < G * D; i += blockDim.x)
@@ -105,6 +111,22 @@ __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
     for (int h = 0; h < G; ++h) { wo[warp][h][2 * lane] = o[h][0]; wo[warp][h][2 * lane + 1] = o[h][1]; }
   __syncthreads();
 
+  if (nsplit == 1) {  // the whole context in this CTA: normalize with the sink and write out
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+      const int h = i / D, d = i % D;
+      const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
+      float mx = sink;
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
+      float acc = 0.f, sum = exp2f(sink - mx);
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = wm[w][h] == -INFINITY ? 0.f : exp2f(wm[w][h] - mx);
+        acc += f * wo[w][h][d];
+        sum += f * wl[w][h];
+      }
+      p.out[size_t(n) * p.Hq * D + size_t(kvh * G + h) * D + d] = to_bf(acc / sum);
+    }
+    return;
+  }
   // This split's partial: (max, sum, unnormalized output) per head.
   float* part = p.partials + (size_t(qi) * p.Hkv + kvh) * S * (2 * G + G * D);
   float* mine = part + size_t(split) * (2 * G + G * D);
@@ -131,7 +153,7 @@ __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
   // Merge the active splits: (max, sum) of all splits into shared memory first, so the output loop
   // issues its S loads together instead of one dependent L2 round trip each.
   __shared__ float fm[S][G], fl[S][G], den[G];
-  const int nsplit = min(S, (nk + per - 1) / per), stride = 2 * G + G * D;
+  const int stride = 2 * G + G * D;
   for (int i = threadIdx.x; i < nsplit * G; i += blockDim.x) {
     fm[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + i % G);
     fl[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + G + i % G);

@@ -2,7 +2,8 @@
 // the 8 query heads of its GQA group, so each K/V row is loaded once for all of them. Splits write
 // (max, sum, output) partials; the last CTA of a (token, KV head), found by an atomic ticket, merges
 // them and adds the sink exp(sink - max) to the denominator exactly once. Sliding-window layers
-// simply start at pos - window + 1.
+// simply start at pos - window + 1. A split covers at least 128 keys, so sliding-window layers and
+// short contexts run as one CTA per (token, KV head) that writes its output directly.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +29,10 @@ struct AttnDecodeParams {
   int* tickets = nullptr;               // [M * Hkv], zero before the first launch; left zero
   int M = 1, Hq = 64, Hkv = 8, D = 64, block_size = 16;
   int window = 0;                       // 0 = full attention
+  // Optional: weights of the next kernel (o-proj) to prefetch into L2 while this latency-bound
+  // kernel leaves HBM idle; slices are spread over all CTAs.
+  const void* l2_prefetch = nullptr;
+  size_t l2_prefetch_bytes = 0;
 };
 
 inline size_t attention_decode_scratch_floats(int M, int Hkv, int D) {

@@ -89,8 +89,9 @@ __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, in
     sel[j] = best;
     val[j] = r[best];
   }
+  const float top = val[0];  // val[0] is overwritten below
   float z = 0.f;
-  for (int j = 0; j < k; ++j) z += (val[j] = expf(val[j] - val[0]));
+  for (int j = 0; j < k; ++j) z += (val[j] = expf(val[j] - top));
   for (int j = 0; j < k; ++j) {
     idx[m * k + j] = sel[j];
     w[m * k + j] = val[j] / z;

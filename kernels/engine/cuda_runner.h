@@ -23,9 +23,8 @@ struct CudaEngineOptions {
   int vocab_limit = 0;                // ids >= this are never sampled (tokenizer size); 0 = model vocab
   uint64_t seed = 1;                  // dummy-weight seed
   // Steps with at least this many tokens run the tensor-core prefill path (cuBLASLt GEMMs, grouped
-  // MoE, flash attention). Off by default: that path does not match the reference yet (see
-  // docs/perf.md); every step runs the decode kernels in chunks of 8 tokens.
-  int prefill_min_tokens = 1 << 30;
+  // MoE, flash attention); smaller steps run the decode kernels (in chunks of 8 tokens).
+  int prefill_min_tokens = 9;
   bool flash_prefill_attention = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
 };
 

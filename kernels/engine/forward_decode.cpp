@@ -44,6 +44,9 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S) {
     a.partials = attn_part_; a.tickets = tickets_;
     a.M = M; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size;
     a.window = c.layer_is_sliding[l] ? c.sliding_window : 0;
+    // o-proj, then the norm and router weights: one contiguous range of the layer's arena.
+    a.l2_prefetch = L.o_w;
+    a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + E) - reinterpret_cast<const char*>(L.o_w));
     cuda::attention_decode(a, s);
     if (profiling_) {
       double kv = 0;

@@ -1,12 +1,13 @@
 #include "kernels/moe_prefill/moe_prefill.h"
 
 #include <cuda_bf16.h>
-#include <mma.h>
+#include <string>
+
+#include "kernels/common/cuda_check.h"
 
 namespace mx::cuda {
 namespace {
-using namespace nvcuda;
-constexpr int TM = kMoePrefillTileM, TN = 64, TK = 32, LDA = TK + 8, LDC = TN + 4;
+constexpr int TM = kMoePrefillTileM;
 
 __global__ void route_count_kernel(MoeRouteParams p) {
   __shared__ int warp_sum[8];
@@ -65,119 +66,184 @@ __global__ void route_scatter_kernel(MoeRouteParams p) {
   }
 }
 
-__device__ __forceinline__ float fp4_val(unsigned v) {
-  const float lut[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  const float m = lut[v & 7];
-  return (v & 8) ? -m : m;
+// ---- grouped GEMM: mma.sync m16n8k16 with the weights as the 16-row A operand ("swap AB") ----
+// CTA = 6 warps = 192 weight rows x 64 sorted rows (one expert tile); each warp owns 32 weight rows
+// (two m16 tiles) against all 64 token columns, so every MXFP4 byte is dequantized once per CTA, in
+// registers. K advances 64 values (two MXFP4 groups = 32 contiguous bytes per weight row) per
+// stage through a 4-stage cp.async pipeline; the E8M0 scales of the whole tile are loaded up front.
+// A fragment rows g / g+8 of m16 tile i are weight rows 16i + 2g and 16i + 2g + 1: for FC1 that is
+// the gate / linear pair of one SwiGLU output, so the activation is computed in registers.
+constexpr int kWarps = 6, kThreads = 32 * kWarps, kRowsW = 32 * kWarps, kTokens = kMoePrefillTileM;
+constexpr int kStep = 64, kStages = 4, kTokLd = kStep + 8;  // 144-byte token rows: ldmatrix conflict-free
+
+__host__ __device__ constexpr int scale_ld(int G) { return (G + 3) & ~3; }
+size_t mma_smem_bytes(int K) {
+  return size_t(kStages) * 2 * kRowsW * 16 + size_t(kStages) * kTokens * kTokLd * 2 + size_t(kRowsW) * scale_ld(K / 32);
 }
 
-// C[64 x 64] tile = X_rows . W[e][n0:n0+64]^T (fp32 in Cs). Returns rows valid in the tile (0 = skip).
-template <bool kGather>
-__device__ __forceinline__ int moe_tile_mma(const MoeGemmPrefillParams& p, int tile, int n0, int& e_out, int& row0_out,
-                                            __nv_bfloat16* As, __nv_bfloat16* Bs, float* Cs) {
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(a));
+}
+__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+// Byte t of w (two E2M1 values, low nibble first) -> bf16x2, times 2^(scale - 127). The nibble bits
+// land on the bf16 exponent/mantissa so the value comes out times 2^-126, and `mult` (2^(scale-1),
+// from e8m0_mult) restores both factors in one exact multiply.
+__device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t sel, uint32_t mult) {
+  const uint32_t u = __byte_perm(w, w >> 4, sel);  // low nibble -> bits 0-3, high nibble -> bits 16-19
+  const uint32_t b = ((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12);
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(b), "r"(mult), "r"(0x80008000u));
+  return d;
+}
+__device__ __forceinline__ uint32_t e8m0_mult(uint32_t s) {  // 2^(s-1) as bf16x2; s in [2, 128]
+  const uint32_t h = (min(max(s, 2u), 128u) + 126u) << 7;
+  return h | (h << 16);
+}
+// Weight rows sit in 16-byte slots; flipping bit 0 of the slot for rows 8..15 of every 16 spreads
+// the eight rows a fragment load touches (all even or all odd) over all 32 banks.
+__device__ __forceinline__ int wslot(int r) { return r ^ ((r >> 3) & 1); }
+
+template <bool kFc1>
+__global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
   const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-  const int rows = min(TM, p.offsets[e + 1] - row0);
-  e_out = e; row0_out = row0;
-  const int tid = threadIdx.x, warp = tid / 32, wr = warp / 2, wc = warp % 2;
-  const int G = p.K / 32;
-  const uint8_t* wb = p.blocks + (size_t(e) * p.N + n0) * G * 16;
-  const uint8_t* ws = p.scales + (size_t(e) * p.N + n0) * G;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.f);
-  // Per-thread fixed source rows for the A loads (2 x 16-byte chunks per thread per K step).
-  const __nv_bfloat16* arow[2];
-  for (int q = 0; q < 2; ++q) {
-    const int idx = tid + q * 128, r = idx / 4;
-    arow[q] = nullptr;
-    if (r < rows) {
-      const int src = kGather ? p.sorted_tok[row0 + r] : row0 + r;
-      arow[q] = reinterpret_cast<const __nv_bfloat16*>(p.x) + size_t(src) * p.K + (idx % 4) * 8;
-    }
+  const int rows = min(kTokens, p.offsets[e + 1] - row0);
+  const int n0 = blockIdx.y * kRowsW, G = p.K / 32, Gs = scale_ld(G), nsteps = p.K / kStep;
+  uint8_t* wsm = smem;                                                         // [stage][2][kRowsW][16]
+  uint16_t* xsm = reinterpret_cast<uint16_t*>(smem + kStages * 2 * kRowsW * 16);  // [stage][kTokens][kTokLd]
+  uint8_t* ssm = smem + kStages * 2 * kRowsW * 16 + kStages * kTokens * kTokLd * 2;  // [kRowsW][Gs]
+  const int tid = threadIdx.x;
+  const uint8_t* wbase = p.blocks + size_t(e) * p.N * G * 16;
+
+  // Per-thread copy assignments (fixed over K): 2 weight chunks, up to 3 token chunks.
+  const uint8_t* wsrc[2];
+  int wdst[2];
+  for (int i = 0; i < 2; ++i) {
+    const int c = tid + i * kThreads, r = c >> 1, q = c & 1;
+    wsrc[i] = wbase + (size_t(min(n0 + r, p.N - 1)) * G + q) * 16;
+    wdst[i] = (q * kRowsW + wslot(r)) * 16;
   }
-  for (int g = 0; g < G; ++g) {
+  constexpr int kXChunks = kTokens * kStep / 8, kXPer = (kXChunks + kThreads - 1) / kThreads;
+  const uint16_t* xsrc[kXPer];
+  int xdst[kXPer];
+  for (int i = 0; i < kXPer; ++i) {
+    const int c = tid + i * kThreads, r = min(c >> 3, rows - 1), ch = c & 7;
+    const int src_row = kFc1 ? p.sorted_tok[row0 + r] : row0 + r;
+    xsrc[i] = c < kXChunks ? p.x + size_t(src_row) * p.K + ch * 8 : nullptr;
+    xdst[i] = (c >> 3) * kTokLd + ch * 8;
+  }
+  auto load_stage = [&](int ks, int st) {
+    for (int i = 0; i < 2; ++i) cp_async16(wsm + st * 2 * kRowsW * 16 + wdst[i], wsrc[i] + ks * 32);
+    for (int i = 0; i < kXPer; ++i)
+      if (xsrc[i]) cp_async16(xsm + st * kTokens * kTokLd + xdst[i], xsrc[i] + ks * kStep);
+  };
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nsteps) load_stage(s, s);
+    cp_async_commit();
+  }
+  {  // the tile's scales: kRowsW rows of G bytes, contiguous in global memory
+    const uint8_t* sc = p.scales + (size_t(e) * p.N + n0) * G;
+    const int valid = min(kRowsW, p.N - n0) * G;
+    for (int i = tid; i < kRowsW * G; i += kThreads) ssm[(i / G) * Gs + i % G] = i < valid ? sc[i] : 127;
+  }
+
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const uint32_t sel = uint32_t(t) | (uint32_t(t + 4) << 8);
+  const int ntv = (rows + 7) >> 3;  // n8 token tiles holding valid rows (warp-uniform)
+  float acc[2][8][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+  // ldmatrix.x4 lane roles: matrix lane/8 = (token tile +0/+1, k chunk +0/+1), row lane%8.
+  const int lm_tok = ((lane >> 4) << 3) + (lane & 7), lm_chunk = (lane >> 3) & 1;
+  int ra[2];
+  for (int i = 0; i < 2; ++i) ra[i] = 32 * warp + 16 * i + 2 * g;
+
+  for (int ks = 0; ks < nsteps; ++ks) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (ks + kStages - 1 < nsteps) load_stage(ks + kStages - 1, (ks + kStages - 1) % kStages);
+    cp_async_commit();
+    const int st = ks % kStages;
+    const uint8_t* wst = wsm + st * 2 * kRowsW * 16;
+    const uint16_t* xst = xsm + st * kTokens * kTokLd;
+#pragma unroll
     for (int q = 0; q < 2; ++q) {
-      const int idx = tid + q * 128, r = idx / 4, c = (idx % 4) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (arow[q]) v = *reinterpret_cast<const uint4*>(arow[q] + g * TK);
-      *reinterpret_cast<uint4*>(As + r * LDA + c) = v;
-    }
-    {  // dequantize 64 rows x 32 of MXFP4: thread = (row n, half): 8 bytes -> 16 bf16
-      const int n = tid / 2, half = tid % 2;
-      const uint2 raw = *reinterpret_cast<const uint2*>(wb + (size_t(n) * G + g) * 16 + half * 8);
-      const float sc = exp2f(float(int(ws[size_t(n) * G + g]) - 127));
-      const unsigned words[2] = {raw.x, raw.y};
-      __align__(16) __nv_bfloat16 vals[16];
-      for (int w = 0; w < 2; ++w)
-        for (int b = 0; b < 4; ++b) {
-          const unsigned byte = (words[w] >> (8 * b)) & 0xff;
-          vals[w * 8 + b * 2] = __float2bfloat16(fp4_val(byte & 0xf) * sc);
-          vals[w * 8 + b * 2 + 1] = __float2bfloat16(fp4_val(byte >> 4) * sc);
+      uint4 wa[2], wb[2];
+      uint32_t ma[2], mb[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wa[i] = *reinterpret_cast<const uint4*>(wst + (q * kRowsW + wslot(ra[i])) * 16);
+        wb[i] = *reinterpret_cast<const uint4*>(wst + (q * kRowsW + wslot(ra[i] + 1)) * 16);
+        ma[i] = e8m0_mult(ssm[ra[i] * Gs + 2 * ks + q]);
+        mb[i] = e8m0_mult(ssm[(ra[i] + 1) * Gs + 2 * ks + q]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k16 half of the group: 8-value chunks 2h, 2h+1
+        uint32_t b[8][2];
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp)
+          if (2 * jp < ntv)
+            ldmatrix_x4(b[2 * jp][0], b[2 * jp][1], b[2 * jp + 1][0], b[2 * jp + 1][1],
+                        xst + (16 * jp + lm_tok) * kTokLd + q * 32 + (2 * h + lm_chunk) * 8);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t wa0 = h ? wa[i].z : wa[i].x, wa1 = h ? wa[i].w : wa[i].y;
+          const uint32_t wb0 = h ? wb[i].z : wb[i].x, wb1 = h ? wb[i].w : wb[i].y;
+          const uint32_t a0 = fp4_pair(wa0, sel, ma[i]), a1 = fp4_pair(wb0, sel, mb[i]);
+          const uint32_t a2 = fp4_pair(wa1, sel, ma[i]), a3 = fp4_pair(wb1, sel, mb[i]);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            if (j < ntv) mma_16816(acc[i][j], a0, a1, a2, a3, b[j][0], b[j][1]);
         }
-      uint4* dst = reinterpret_cast<uint4*>(Bs + n * LDA + half * 16);
-      dst[0] = reinterpret_cast<const uint4*>(vals)[0];
-      dst[1] = reinterpret_cast<const uint4*>(vals)[1];
+      }
     }
-    __syncthreads();
-    for (int kk = 0; kk < TK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[2];
-      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], As + (wr * 32 + i * 16) * LDA + kk, LDA);
-      for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], Bs + (wc * 32 + j * 16) * LDA + kk, LDA);
-      for (int i = 0; i < 2; ++i)
-        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-    }
-    __syncthreads();
   }
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j)
-      wmma::store_matrix_sync(Cs + (wr * 32 + i * 16) * LDC + wc * 32 + j * 16, acc[i][j], LDC, wmma::mem_row_major);
-  __syncthreads();
-  return rows;
-}
+  cp_async_wait<0>();
 
-struct __align__(128) TileSmem {
-  __nv_bfloat16 As[TM * LDA];
-  __nv_bfloat16 Bs[TN * LDA];
-  float Cs[TM * LDC];
-};
-
-__global__ void __launch_bounds__(128) moe_fc1_kernel(MoeGemmPrefillParams p) {
-  __shared__ TileSmem sm;
-  const int n0 = blockIdx.x * TN;
-  for (int tile = blockIdx.y; tile < *p.num_tiles; tile += gridDim.y) {
-    int e, row0;
-    const int rows = moe_tile_mma<true>(p, tile, n0, e, row0, sm.As, sm.Bs, sm.Cs);
-    const int I = p.N / 2;
-    const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N + n0;
-    for (int idx = threadIdx.x; idx < TM * TN / 2; idx += blockDim.x) {
-      const int r = idx / (TN / 2), i = idx % (TN / 2);
-      if (r >= rows) continue;
-      float gate = sm.Cs[r * LDC + 2 * i] + __bfloat162float(bias[2 * i]);
-      float up = sm.Cs[r * LDC + 2 * i + 1] + __bfloat162float(bias[2 * i + 1]);
-      gate = fminf(gate, p.limit);
-      up = fminf(fmaxf(up, -p.limit), p.limit);
-      const float a = gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f);
-      reinterpret_cast<__nv_bfloat16*>(p.act)[size_t(row0 + r) * I + n0 / 2 + i] = __float2bfloat16(a);
-    }
-    __syncthreads();
-  }
-}
-
-__global__ void __launch_bounds__(128) moe_fc2_kernel(MoeGemmPrefillParams p) {
-  __shared__ TileSmem sm;
-  const int n0 = blockIdx.x * TN;
-  for (int tile = blockIdx.y; tile < *p.num_tiles; tile += gridDim.y) {
-    int e, row0;
-    const int rows = moe_tile_mma<false>(p, tile, n0, e, row0, sm.As, sm.Bs, sm.Cs);
-    const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N + n0;
-    for (int idx = threadIdx.x; idx < TM * TN; idx += blockDim.x) {
-      const int r = idx / TN, c = idx % TN;
-      if (r >= rows) continue;
-      const float y = (sm.Cs[r * LDC + c] + __bfloat162float(bias[c])) * p.sorted_w[row0 + r];
-      p.y_slot[size_t(p.sorted_slot[row0 + r]) * p.N + n0 + c] = y;
-    }
-    __syncthreads();
+  // Epilogue: acc[i][j] = rows (ra, ra+1) x tokens (8j + 2t, 8j + 2t + 1).
+  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int n = n0 + ra[i];
+    if (n >= p.N) continue;
+    const float b0 = __bfloat162float(bias[n]), b1 = __bfloat162float(bias[n + 1]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int r = 8 * j + 2 * t + u;
+        if (r >= rows) continue;
+        const float y0 = acc[i][j][u] + b0, y1 = acc[i][j][2 + u] + b1;
+        if constexpr (kFc1) {
+          const float gate = fminf(y0, p.limit), up = fminf(fmaxf(y1, -p.limit), p.limit);
+          const float a = gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f);
+          reinterpret_cast<__nv_bfloat16*>(p.act)[size_t(row0 + r) * (p.N / 2) + n / 2] = __float2bfloat16(a);
+        } else {
+          const float w = p.sorted_w[row0 + r];
+          *reinterpret_cast<float2*>(p.y_slot + size_t(p.sorted_slot[row0 + r]) * p.N + n) = make_float2(y0 * w, y1 * w);
+        }
+      }
   }
 }
 
@@ -197,15 +263,23 @@ void moe_route_prefill(const MoeRouteParams& p, cudaStream_t s) {
   route_scatter_kernel<<<p.E, 256, 0, s>>>(p);
 }
 
-// Grid y covers the worst-case tile count; blocks past *num_tiles exit at once.
-void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) {
+// Grid x walks the tile list (the tiles of one expert are adjacent, so they share the expert's
+// weights in L2); blocks past *num_tiles exit at once. Grid y: 192-row slices of the weights.
+template <bool kFc1>
+static void launch_moe_mma(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
-  moe_fc1_kernel<<<dim3(p.N / TN, p.max_tiles), 128, 0, s>>>(p);
+  if (p.K % kStep || p.N % 2) throw_error("moe prefill: K must be a multiple of 64 and N even");
+  const size_t smem = mma_smem_bytes(p.K);
+  static size_t allowed = 0;  // the attribute call costs microseconds: once per size increase
+  if (smem > allowed) {
+    MX_CUDA(cudaFuncSetAttribute(moe_mma_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    allowed = smem;
+  }
+  moe_mma_k<kFc1><<<dim3(p.max_tiles, (p.N + kRowsW - 1) / kRowsW), kThreads, smem, s>>>(p);
+  MX_CUDA(cudaGetLastError());
 }
-void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) {
-  if (p.max_tiles <= 0) return;
-  moe_fc2_kernel<<<dim3(p.N / TN, p.max_tiles), 128, 0, s>>>(p);
-}
+void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe_mma<true>(p, s); }
+void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe_mma<false>(p, s); }
 void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s) {
   if (T <= 0) return;
   moe_combine_kernel<<<T, 256, 0, s>>>(y_slot, resid, k, H);

@@ -2,7 +2,7 @@
 //  1. moe_route_prefill: top-k choices -> per-expert contiguous lists (deterministic counting sort:
 //     within an expert, entries keep (token, slot) order) + a tile list of (expert, row0) for 64-row tiles.
 //  2. moe_fc1_prefill: act[r] = SwiGLU(W1[e] . x[tok[r]] + b1[e]) for sorted rows r; bf16 tensor cores
-//     (WMMA), MXFP4 tiles dequantized to bf16 in shared memory (weights are never expanded in global memory).
+//     (mma.sync), MXFP4 dequantized in registers (weights are never expanded in memory). K % 64 == 0.
 //  3. moe_fc2_prefill: y_slot[slot[r]] = gate[r] * (W2[e] . act[r] + b2[e])   (fp32, one row per (token, slot))
 //  4. moe_combine_prefill: resid[t] += sum_j y_slot[t * k + j]   (fixed order: deterministic)
 // MXFP4 layout (spec 3.4): blocks [E, N, K/32, 16] bytes, scales [E, N, K/32] (E8M0), bias bf16 [E, N].

@@ -132,7 +132,8 @@ TEST_P(MoePrefill, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, MoePrefill,
                          ::testing::Values(Case{1, 16, 256, 256, false}, Case{7, 32, 256, 256, false},
                                            Case{65, 32, 256, 320, false}, Case{333, 128, 128, 128, false},
-                                           Case{333, 128, 128, 128, true}, Case{3, 8, 2880, 2880, false}));
+                                           Case{333, 128, 128, 128, true}, Case{123, 16, 256, 192, false},
+                                           Case{3, 8, 2880, 2880, false}));
 
 }  // namespace
 }  // namespace mx::cuda
