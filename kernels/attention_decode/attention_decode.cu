@@ -35,8 +35,7 @@ __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
   const int kvh = blockIdx.x, qi = blockIdx.y, split = blockIdx.z;
   l2_prefetch_slice(p.l2_prefetch, p.l2_prefetch_bytes, (split * gridDim.y + qi) * gridDim.x + kvh,
                     gridDim.x * gridDim.y * gridDim.z);
-  pdl_wait();
-  pdl_launch_dependents();
+  // Rows, positions and block tables come from the step's metadata copy, not from the kernel before.
   const int n = p.rows ? p.rows[qi] : qi;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int pos = p.pos[n], lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
@@ -44,31 +43,57 @@ __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
   const int nsplit = min(S, (nk + per - 1) / per);
   if (split >= nsplit && nsplit == 1) return;  // one split: no partials, no ticket
   const int begin = lo + split * per, end = min(pos + 1, begin + per);
+  const int kvd = p.Hkv * D;
+  const int32_t* bt = p.block_tables + p.bt_off[n];
+
+  // The K row of key c + lane and the V rows of keys c..c+31, all in flight together. With
+  // kv_stable, keys before `pos` are final, so the first chunk is issued before pdl_wait (it overlaps
+  // the qkv kernel's tail) and only the current key is fetched after it.
+  uint4 kk[D / 8];
+  uint32_t vv[32];
+  size_t row = 0;
+  bool valid = false;
+  auto issue = [&](int c, bool skip_current) {
+    const int j = c + lane;
+    valid = j < end;
+    row = valid ? size_t(bt[j / p.block_size]) * p.block_size + j % p.block_size : 0;
+    const bool load_k = valid && !(skip_current && j == pos);
+    const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) kk[i] = load_k ? *reinterpret_cast<const uint4*>(kp + 8 * i) : make_uint4(0, 0, 0, 0);
+    const int nv = min(32, end - c);
+#pragma unroll
+    for (int jj = 0; jj < 32; ++jj) {
+      const size_t r = __shfl_sync(0xffffffffu, row, jj);
+      const bool load_v = jj < nv && 2 * lane < D && !(skip_current && c + jj == pos);
+      vv[jj] = load_v ? *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane) : 0u;
+    }
+  };
+  int c0 = begin + warp * 32;
+  const bool early = p.kv_stable && c0 < end;
+  if (early) issue(c0, true);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (early && pos < c0 + 32) {  // the current key, written by the kernel before
+    if (c0 + lane == pos) {
+      const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) kk[i] = *reinterpret_cast<const uint4*>(kp + 8 * i);
+    }
+    const size_t r = __shfl_sync(0xffffffffu, row, pos - c0);
+#pragma unroll
+    for (int jj = 0; jj < 32; ++jj)
+      if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane);
+  }
   const float qscale = kLog2e * rsqrtf(float(D));
   for (int i = threadIdx.x; i < G * D; i += blockDim.x)
     qs[i / D][i % D] = p.q[size_t(n) * p.q_stride + size_t(kvh * G) * D + i] * qscale;
   __syncthreads();
 
-  const int kvd = p.Hkv * D;
-  const int32_t* bt = p.block_tables + p.bt_off[n];
   float m[G], l[G], o[G][2];
   for (int h = 0; h < G; ++h) { m[h] = -INFINITY; l[h] = 0.f; o[h][0] = o[h][1] = 0.f; }
-  for (int c0 = begin + warp * 32; c0 < end; c0 += kWarps * 32) {
-    const int j = c0 + lane;
-    const bool valid = j < end;
-    const size_t row = valid ? size_t(bt[j / p.block_size]) * p.block_size + j % p.block_size : 0;
-    // Issue the K row and the chunk's V rows before any math so all the loads are in flight together.
-    uint4 kk[D / 8];
-    const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) kk[i] = valid ? *reinterpret_cast<const uint4*>(kp + 8 * i) : make_uint4(0, 0, 0, 0);
-    const int nv = min(32, end - c0);
-    uint32_t vv[32];
-#pragma unroll
-    for (int jj = 0; jj < 32; ++jj) {
-      const size_t r = __shfl_sync(0xffffffffu, row, jj);
-      vv[jj] = jj < nv && 2 * lane < D ? *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane) : 0u;
-    }
+  for (; c0 < end; c0 += kWarps * 32) {
+    if (!early || c0 != begin + warp * 32) issue(c0, false);
     float s[G];
     for (int h = 0; h < G; ++h) s[h] = 0.f;
 #pragma unroll

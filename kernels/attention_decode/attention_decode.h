@@ -33,6 +33,9 @@ struct AttnDecodeParams {
   // kernel leaves HBM idle; slices are spread over all CTAs.
   const void* l2_prefetch = nullptr;
   size_t l2_prefetch_bytes = 0;
+  // True when each query's own key is the only one the kernel before wrote (one token per sequence
+  // in the step): the older keys are then read before pdl_wait.
+  bool kv_stable = false;
 };
 
 inline size_t attention_decode_scratch_floats(int M, int Hkv, int D) {

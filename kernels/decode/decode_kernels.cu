@@ -103,8 +103,19 @@ __global__ void argmax_k(const float* lg, int stride, int V, int32_t* tok, float
   const float* r = lg + size_t(s) * stride;
   float best = -FLT_MAX;
   int bi = 0x7fffffff;
-  for (int i = threadIdx.x; i < V; i += blockDim.x)
-    if (r[i] > best) { best = r[i]; bi = i; }  // per-thread ids increase: first max kept
+  // 16-byte loads, several in flight per thread (rows start 16-byte aligned: stride % 4 == 0).
+  const float4* r4 = reinterpret_cast<const float4*>(r);
+  const int v4 = stride % 4 == 0 && reinterpret_cast<uintptr_t>(lg) % 16 == 0 ? V / 4 : 0;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < v4; i += blockDim.x) {
+    const float4 x = r4[i];
+    if (x.x > best) { best = x.x; bi = 4 * i; }  // per-thread ids increase: first max kept
+    if (x.y > best) { best = x.y; bi = 4 * i + 1; }
+    if (x.z > best) { best = x.z; bi = 4 * i + 2; }
+    if (x.w > best) { best = x.w; bi = 4 * i + 3; }
+  }
+  for (int i = 4 * v4 + threadIdx.x; i < V; i += blockDim.x)
+    if (r[i] > best) { best = r[i]; bi = i; }
   __shared__ float sv[1024];
   __shared__ int si[1024];
   sv[threadIdx.x] = best;
@@ -122,7 +133,12 @@ __global__ void argmax_k(const float* lg, int stride, int V, int32_t* tok, float
   const int id = si[0];
   __syncthreads();
   float z = 0.f;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) z += expf(r[i] - mx);
+#pragma unroll 4
+  for (int i = threadIdx.x; i < v4; i += blockDim.x) {
+    const float4 x = r4[i];
+    z += expf(x.x - mx) + expf(x.y - mx) + expf(x.z - mx) + expf(x.w - mx);
+  }
+  for (int i = 4 * v4 + threadIdx.x; i < V; i += blockDim.x) z += expf(r[i] - mx);
   sv[threadIdx.x] = z;
   __syncthreads();
   for (int o = blockDim.x / 2; o; o >>= 1) {

@@ -437,7 +437,7 @@ void CudaRunner::run_decode_graph(int M) {
   if (!exec) {
     cudaGraph_t g = nullptr;
     MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    forward_decode(0, M, 0, M);
+    forward_decode(0, M, 0, M, true);  // every token sampled: each is its sequence's last (and only) one
     MX_CUDA(cudaStreamEndCapture(stream_, &g));
     MX_CUDA(cudaGraphInstantiate(&exec, g, 0));
     MX_CUDA(cudaGraphDestroy(g));

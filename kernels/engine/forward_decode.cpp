@@ -11,7 +11,7 @@
 
 namespace mx {
 
-void CudaRunner::forward_decode(int t0, int M, int s0, int S) {
+void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per_seq) {
   const ModelConfig& c = cfg_;
   const int H = c.hidden_size, E = c.num_experts, I = c.intermediate_size;
   const int D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
@@ -45,6 +45,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S) {
     a.M = M; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size;
     a.window = c.layer_is_sliding[l] ? c.sliding_window : 0;
     // o-proj, then the norm and router weights: one contiguous range of the layer's arena.
+    a.kv_stable = one_token_per_seq;
     a.l2_prefetch = L.o_w;
     a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + E) - reinterpret_cast<const char*>(L.o_w));
     cuda::attention_decode(a, s);

@@ -61,8 +61,9 @@ class CudaRunner final : public CudaRunnerBase {
   bool prefill_path_supported() const;
 
   // Decode forward over tokens [t0, t0 + M) of the step (M <= 8); samples the S rows listed in
-  // meta srow_local[s0 .. s0 + S) into logits / results slot s0.
-  void forward_decode(int t0, int M, int s0, int S);
+  // meta srow_local[s0 .. s0 + S) into logits / results slot s0. one_token_per_seq: no two of the
+  // M tokens belong to the same sequence.
+  void forward_decode(int t0, int M, int s0, int S, bool one_token_per_seq = false);
   // Prefill forward over all M tokens of the step with the sequences' layout.
   void forward_prefill(int M, int S, const std::vector<std::array<int, 3>>& seqs, int n_decode);
   void final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S);

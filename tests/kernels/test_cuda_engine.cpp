@@ -35,8 +35,10 @@ std::vector<T> from_dev(const T* p, size_t n) {
   return v;
 }
 
-TEST(CudaKernels, ArgmaxLowestIdOnTiesAndLogprob) {
-  const int V = 5003, S = 3;
+class ArgmaxRows : public ::testing::TestWithParam<int> {};  // V: 5003 scalar path, 5004 vector path
+
+TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
+  const int V = GetParam(), S = 3;
   std::vector<float> lg(size_t(S) * V);
   std::mt19937 rng(5);
   std::normal_distribution<float> n(0, 2);
@@ -61,6 +63,7 @@ TEST(CudaKernels, ArgmaxLowestIdOnTiesAndLogprob) {
   }
   cudaFree(dt); cudaFree(dl); cudaFree(dlg);
 }
+INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004));
 
 // Exact: top-k picks (lowest index on ties) and the softmax over them, vs a host reference.
 TEST(CudaKernels, TopkSoftmaxMatchesReference) {
