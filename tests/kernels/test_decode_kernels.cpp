@@ -78,7 +78,7 @@ std::vector<float> ref_norm_bf16(const std::vector<float>& res, const std::vecto
 
 void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y) {
   std::mt19937 rng(3 + D + M);
-  const int N = (Hq + 2 * Hkv) * D, bs = 4, rows = 64;
+  const int N = (Hq + 2 * Hkv) * D, rows = 64;
   const float eps = 1e-5f;
   auto x = random_f32(size_t(M) * H, rng, -2, 2), y = random_f32(size_t(M) * 4 * H, rng, -0.5f, 0.5f);
   auto g = random_bf16(H, rng, 0.5f, 1.5f), W = random_bf16(size_t(N) * H, rng), b = random_bf16(N, rng);
