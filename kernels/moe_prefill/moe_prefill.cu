@@ -4,10 +4,13 @@
 #include <string>
 
 #include "kernels/common/cuda_check.h"
+#include "kernels/decode/mma_tile.cuh"
 
 namespace mx::cuda {
 namespace {
 constexpr int TM = kMoePrefillTileM;
+using mma::e8m0_mult;
+using mma::mma_16816;
 
 __global__ void route_count_kernel(MoeRouteParams p) {
   __shared__ int warp_sum[8];
@@ -94,27 +97,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(a));
 }
-__device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                          uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 // Byte t of w (two E2M1 values, low nibble first) -> bf16x2, times 2^(scale - 127). The nibble bits
 // land on the bf16 exponent/mantissa so the value comes out times 2^-126, and `mult` (2^(scale-1),
-// from e8m0_mult) restores both factors in one exact multiply.
+// from mma::e8m0_mult) restores both factors in one exact multiply.
 __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t sel, uint32_t mult) {
   const uint32_t u = __byte_perm(w, w >> 4, sel);  // low nibble -> bits 0-3, high nibble -> bits 16-19
   const uint32_t b = ((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12);
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(b), "r"(mult), "r"(0x80008000u));
   return d;
-}
-__device__ __forceinline__ uint32_t e8m0_mult(uint32_t s) {  // 2^(s-1) as bf16x2; s in [2, 128]
-  const uint32_t h = (min(max(s, 2u), 128u) + 126u) << 7;
-  return h | (h << 16);
 }
 // Weight rows sit in 16-byte slots; flipping bit 0 of the slot for rows 8..15 of every 16 spreads
 // the eight rows a fragment load touches (all even or all odd) over all 32 banks.
