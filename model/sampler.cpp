@@ -70,8 +70,12 @@ std::vector<int> top_ids(const float* logits, int vocab, int k) {
 }
 }  // namespace
 
+uint64_t sample_stream_key(uint64_t seed, uint64_t step) {
+  return splitmix64(splitmix64(seed) ^ (step * 0xd1b54a32d192ed03ull));
+}
+
 double sample_uniform(uint64_t seed, uint64_t step) {
-  return double(splitmix64(splitmix64(seed) ^ (step * 0xd1b54a32d192ed03ull)) >> 11) * (1.0 / 9007199254740992.0);
+  return double(sample_stream_key(seed, step) >> 11) * (1.0 / 9007199254740992.0);
 }
 
 namespace sampler_detail {

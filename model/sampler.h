@@ -14,5 +14,8 @@ SampleResult sample_token(const float* logits, int vocab, const SamplingParams& 
 
 // Uniform [0, 1) from (seed, step): splitmix64-based, identical on every machine.
 double sample_uniform(uint64_t seed, uint64_t step);
+// The 64-bit random stream key of (seed, step) behind sample_uniform; the CUDA engine's on-GPU
+// sampler derives one uniform per vocabulary id from it.
+uint64_t sample_stream_key(uint64_t seed, uint64_t step);
 
 }  // namespace mx

@@ -98,10 +98,26 @@ __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, in
   }
 }
 
-__global__ void argmax_k(const float* lg, int stride, int V, int32_t* tok, float* lp) {
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// Uniform in (0, 1) for vocabulary id i of a row's random stream (24 bits, never 0 or 1). The inner
+// log of the Gumbel noise is the accurate logf: near u = 1, __logf's absolute error exceeds -log(u).
+__device__ __forceinline__ float stream_uniform(uint64_t key, int i) {
+  return (float(mix64(key + uint64_t(i) * 0x9e3779b97f4a7c15ull) >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+__global__ void argmax_k(const float* lg, int stride, int V, int32_t* tok, float* lp, const float* inv_temp,
+                         const uint64_t* keys) {
   const int s = blockIdx.x;
   const float* r = lg + size_t(s) * stride;
-  float best = -FLT_MAX;
+  const float it = inv_temp ? inv_temp[s] : 0.f;
+  const uint64_t key = it > 0.f ? keys[s] : 0;
+  // score = logit (greedy) or logit / T + Gumbel noise; raw max kept for the log-softmax.
+  auto score = [&](float x, int i) { return it > 0.f ? x * it - __logf(-logf(stream_uniform(key, i))) : x; };
+  float best = -FLT_MAX, raw = -FLT_MAX;
   int bi = 0x7fffffff;
   // 16-byte loads, several in flight per thread (rows start 16-byte aligned: stride % 4 == 0).
   const float4* r4 = reinterpret_cast<const float4*>(r);
@@ -109,16 +125,23 @@ __global__ void argmax_k(const float* lg, int stride, int V, int32_t* tok, float
 #pragma unroll 4
   for (int i = threadIdx.x; i < v4; i += blockDim.x) {
     const float4 x = r4[i];
-    if (x.x > best) { best = x.x; bi = 4 * i; }  // per-thread ids increase: first max kept
-    if (x.y > best) { best = x.y; bi = 4 * i + 1; }
-    if (x.z > best) { best = x.z; bi = 4 * i + 2; }
-    if (x.w > best) { best = x.w; bi = 4 * i + 3; }
+    const float v[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float sc = score(v[u], 4 * i + u);
+      raw = fmaxf(raw, v[u]);
+      if (sc > best) { best = sc; bi = 4 * i + u; }  // per-thread ids increase: first max kept
+    }
   }
-  for (int i = 4 * v4 + threadIdx.x; i < V; i += blockDim.x)
-    if (r[i] > best) { best = r[i]; bi = i; }
-  __shared__ float sv[1024];
+  for (int i = 4 * v4 + threadIdx.x; i < V; i += blockDim.x) {
+    const float sc = score(r[i], i);
+    raw = fmaxf(raw, r[i]);
+    if (sc > best) { best = sc; bi = i; }
+  }
+  __shared__ float sv[1024], sr[1024];
   __shared__ int si[1024];
   sv[threadIdx.x] = best;
+  sr[threadIdx.x] = raw;
   si[threadIdx.x] = bi;
   __syncthreads();
   for (int o = blockDim.x / 2; o; o >>= 1) {
@@ -126,10 +149,11 @@ __global__ void argmax_k(const float* lg, int stride, int V, int32_t* tok, float
       float v2 = sv[threadIdx.x + o];
       int i2 = si[threadIdx.x + o];
       if (v2 > sv[threadIdx.x] || (v2 == sv[threadIdx.x] && i2 < si[threadIdx.x])) { sv[threadIdx.x] = v2; si[threadIdx.x] = i2; }
+      sr[threadIdx.x] = fmaxf(sr[threadIdx.x], sr[threadIdx.x + o]);
     }
     __syncthreads();
   }
-  const float mx = sv[0];
+  const float mx = sr[0];
   const int id = si[0];
   __syncthreads();
   float z = 0.f;
@@ -145,14 +169,9 @@ __global__ void argmax_k(const float* lg, int stride, int V, int32_t* tok, float
     if (threadIdx.x < o) sv[threadIdx.x] += sv[threadIdx.x + o];
     __syncthreads();
   }
-  if (threadIdx.x == 0) { tok[s] = id; lp[s] = -logf(sv[0]); }
+  if (threadIdx.x == 0) { tok[s] = id; lp[s] = r[id] - mx - logf(sv[0]); }
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 __global__ void fill_bf16_k(uint16_t* p, size_t n, float scale, float offset, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     float u = float(mix64(seed + i * 0x9e3779b97f4a7c15ull) >> 40) * (1.0f / 16777216.0f);
@@ -179,8 +198,9 @@ void launch_rope_kv(const RopeKvParams& p, cudaStream_t s) { rope_kv_k<<<p.M, 25
 void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, int k, cudaStream_t s) {
   topk_k<<<(M + 63) / 64, 64, 0, s>>>(lg, idx, w, M, E, k);
 }
-void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* tok, float* lp, cudaStream_t s) {
-  argmax_k<<<S, 1024, 0, s>>>(lg, V, V_limit, tok, lp);
+void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* tok, float* lp, cudaStream_t s,
+                           const float* inv_temp, const uint64_t* key) {
+  argmax_k<<<S, 1024, 0, s>>>(lg, V, V_limit, tok, lp, inv_temp, key);
 }
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s) {
   fill_bf16_k<<<1024, 256, 0, s>>>(p, n, scale, offset, seed);

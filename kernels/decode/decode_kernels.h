@@ -28,10 +28,12 @@ struct RopeKvParams {
 void launch_rope_kv(const RopeKvParams& p, cudaStream_t s);
 // Top-k over router logits [M, E] (lowest index wins ties), softmax over the k.
 void launch_topk_softmax(const float* logits, int32_t* idx, float* w, int M, int E, int k, cudaStream_t s);
-// Per row (stride V): argmax over ids [0, V_limit) (lowest id on ties) and its log-softmax over the same
-// ids. out_tok [S], out_lp [S].
+// Per row (stride V), over ids [0, V_limit): the greedy pick (lowest id on ties), or, where
+// inv_temp[row] > 0, a sample from softmax(logits * inv_temp) by the Gumbel-max trick: the argmax of
+// logits * inv_temp - log(-log(u_i)), u_i a uniform derived from (key[row], i). out_lp = log-softmax of
+// the raw logits at the pick. out_tok [S], out_lp [S]; inv_temp / key [S] or null (all greedy).
 void launch_argmax_logprob(const float* logits, int S, int V, int V_limit, int32_t* out_tok, float* out_lp,
-                           cudaStream_t s);
+                           cudaStream_t s, const float* inv_temp = nullptr, const uint64_t* key = nullptr);
 // Random bf16 in [-scale, scale) / random bytes, generated on the device (dummy weights).
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s);
 void launch_fill_random_u8(uint8_t* p, size_t n, uint8_t lo, uint8_t span, uint64_t seed, cudaStream_t s);

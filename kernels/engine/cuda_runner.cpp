@@ -142,7 +142,7 @@ void CudaRunner::plan_memory() {
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
   bt_cap_ = int(S) * ((opt_.max_model_len + opt_.block_size - 1) / opt_.block_size) + T_;
-  meta_bytes_ = size_t(7 * T_ + bt_cap_) * 4;
+  meta_bytes_ = size_t(7 * T_ + 3 * S_ + bt_cap_) * 4;
   const size_t per_block = size_t(opt_.block_size) * c.kv_dim() * 2 * 2 * c.num_layers;
   size_t free_b = 0, total_b = 0;
   MX_CUDA(cudaMemGetInfo(&free_b, &total_b));
@@ -201,7 +201,10 @@ void CudaRunner::plan_memory() {
   MX_CUDA(cudaMallocHost(&hm, meta_bytes_));
   auto lay = [&](int32_t* base, StepMeta& m) {
     m.tok = base; m.pos = base + T_; m.slot = base + 2 * T_; m.bt_off = base + 3 * T_; m.srow = base + 4 * T_;
-    m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_; m.bt = base + 7 * T_;
+    m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_;
+    m.sample_key = reinterpret_cast<uint64_t*>(base + 7 * T_);  // 8-byte aligned: T_ >= 64
+    m.inv_temp = reinterpret_cast<float*>(base + 7 * T_ + 2 * S_);
+    m.bt = base + 7 * T_ + 3 * S_;
   };
   lay(hm, hmeta_);
   lay(dm, dmeta_);
@@ -317,6 +320,15 @@ void CudaRunner::check_scales() {
 
 bool CudaRunner::prefill_path_supported() const { return cfg_.head_dim == 64; }
 
+// Plain temperature sampling (no top-k / top-p / min-p, no alternatives to report) runs on the GPU
+// in the greedy-pick kernel; everything else samples on the host from the copied logits.
+static bool gpu_samples(const SamplingParams& p) {
+  return p.temperature > 0.f && p.top_k == 0 && p.top_p >= 1.f && p.min_p <= 0.f && p.top_logprobs == 0;
+}
+static bool host_samples(const SamplingParams& p) {
+  return (p.temperature > 0.f || p.top_logprobs > 0) && !gpu_samples(p);
+}
+
 void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
   MX_CHECK(out.size() == seqs.size(), "step: out.size() {} != seqs.size() {}", out.size(), seqs.size());
   const StepMeta& h = hmeta_;
@@ -359,6 +371,8 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
     if (q.sample) {
       h.srow[S] = M - 1;
       h.srow_local[S] = (M - 1) % cuda::kDecodeMaxTokens;
+      h.inv_temp[S] = gpu_samples(q.sampling) ? 1.0f / q.sampling.temperature : 0.0f;
+      h.sample_key[S] = sample_stream_key(q.sampling.seed, q.rng_step);
       ++S;
       sample_seq.push_back(int(i));
     }
@@ -366,7 +380,7 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   last_sampled_ = S;
   if (M == 0) return;
   // Metadata arrays sit at fixed offsets; the block tables follow. One copy.
-  MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(7 * T_ + nbt) * 4, cudaMemcpyHostToDevice, stream_));
+  MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(7 * T_ + 3 * S_ + nbt) * 4, cudaMemcpyHostToDevice, stream_));
   if (profiling_) {
     marks_.clear();
     MX_CUDA(cudaEventRecord(events_[0], stream_));
@@ -394,7 +408,7 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   }
   MX_CUDA(cudaGetLastError());
   bool need_logits = opt_.keep_logits;
-  for (int i : sample_seq) need_logits |= seqs[i].sampling.temperature > 0.f || seqs[i].sampling.top_logprobs > 0;
+  for (int i : sample_seq) need_logits |= host_samples(seqs[i].sampling);
   if (S > 0) {
     MX_CUDA(cudaMemcpyAsync(host_res_, dres_, size_t(S) * 8, cudaMemcpyDeviceToHost, stream_));
     if (need_logits)
@@ -421,8 +435,8 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   for (int s = 0; s < S; ++s) {
     const SeqStep& q = seqs[sample_seq[s]];
     SampleResult& r = out[sample_seq[s]];
-    if (q.sampling.temperature > 0.f || q.sampling.top_logprobs > 0) {
-      // Temperature / top-k / top-p sample on the host from the copied logits (0.8 MB per row).
+    if (host_samples(q.sampling)) {
+      // Top-k / top-p / min-p / top_logprobs sample on the host from the copied logits (0.8 MB per row).
       r = sample_token(host_logits_ + size_t(s) * cfg_.vocab_size, vocab_limit_, q.sampling, q.rng_step, scratch_);
     } else {
       r.token = rtok[s];

@@ -36,6 +36,8 @@ double expected_distinct_experts(const ModelConfig& c, int M);
 // Step metadata in one pinned host block and its device mirror (one H2D copy per step).
 struct StepMeta {
   int32_t *tok, *pos, *slot, *bt_off, *srow, *srow_local, *decode_rows, *bt;
+  uint64_t* sample_key;  // [S] random stream of each sampled row (GPU sampling)
+  float* inv_temp;       // [S] 1 / temperature for GPU sampling, 0 = greedy (or sampled on the host)
 };
 
 class CudaRunner final : public CudaRunnerBase {

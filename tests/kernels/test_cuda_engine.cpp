@@ -17,6 +17,7 @@
 #include "model/checkpoint.h"
 #include "model/cpu_reference.h"
 #include "model/fixture.h"
+#include "model/sampler.h"
 #include "model/weights.h"
 
 namespace {
@@ -64,6 +65,54 @@ TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
   cudaFree(dt); cudaFree(dl); cudaFree(dlg);
 }
 INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004));
+
+// GPU temperature sampling (Gumbel-max in the greedy-pick kernel): 40000 draws from one 64-logit
+// row follow softmax(logits / T) (every id within 5 sigma of its binomial count), every row's
+// logprob is the raw log-softmax at its pick (1e-5), rows with inv_temp 0 stay greedy, and a second
+// launch repeats every draw (same keys).
+TEST(CudaKernels, GpuSamplingFollowsSoftmax) {
+  const int V = 64, N = 40000;
+  const float T = 0.8f;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0, 1.5f);
+  std::vector<float> row(V);
+  for (auto& v : row) v = nd(rng);
+  std::vector<float> lg(size_t(N) * V);
+  for (int i = 0; i < N; ++i) std::copy(row.begin(), row.end(), lg.begin() + size_t(i) * V);
+  std::vector<float> it(N, 1.0f / T);
+  std::vector<uint64_t> keys(N);
+  for (int i = 0; i < N; ++i) {
+    keys[i] = mx::sample_stream_key(42, uint64_t(i));
+    if (i % 1000 == 0) it[i] = 0.f;
+  }
+  float* dlg = to_dev(lg);
+  float* dit = to_dev(it);
+  uint64_t* dkeys = to_dev(keys);
+  int32_t* dt; float* dl;
+  cudaMalloc(&dt, N * 4); cudaMalloc(&dl, N * 4);
+  mx::cuda::launch_argmax_logprob(dlg, N, V, V, dt, dl, 0, dit, dkeys);
+  auto tok = from_dev(dt, N);
+  auto lp = from_dev(dl, N);
+  mx::cuda::launch_argmax_logprob(dlg, N, V, V, dt, dl, 0, dit, dkeys);
+  EXPECT_EQ(from_dev(dt, N), tok);
+  const float mx = *std::max_element(row.begin(), row.end());
+  double z = 0, zt = 0;
+  for (float v : row) { z += std::exp(double(v) - mx); zt += std::exp(double(v - mx) / T); }
+  const int greedy = int(std::max_element(row.begin(), row.end()) - row.begin());
+  std::vector<int> count(V, 0);
+  int n = 0;
+  for (int i = 0; i < N; ++i) {
+    ASSERT_TRUE(tok[i] >= 0 && tok[i] < V) << i;
+    EXPECT_NEAR(lp[i], row[tok[i]] - mx - std::log(z), 1e-5) << i;
+    if (it[i] == 0.f) EXPECT_EQ(tok[i], greedy);
+    else { ++count[tok[i]]; ++n; }
+  }
+  for (int v = 0; v < V; ++v) {
+    const double p = std::exp(double(row[v] - mx) / T) / zt, want = n * p;
+    EXPECT_LE(std::fabs(count[v] - want), 5 * std::sqrt(want * (1 - p)) + 1) << "id " << v << " p " << p;
+  }
+  cudaFree(dlg); cudaFree(dit); cudaFree(dkeys); cudaFree(dt); cudaFree(dl);
+}
 
 // Exact: top-k picks (lowest index on ties) and the softmax over them, vs a host reference.
 TEST(CudaKernels, TopkSoftmaxMatchesReference) {
