@@ -37,7 +37,7 @@ std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, Device dev, i
     return make_cuda_model_runner({.model_dir = o.model_dir, .gpu_memory_utilization = o.gpu_memory_utilization,
                                    .max_model_len = blocks * kCudaBlockSize, .max_num_seqs = 1,
                                    .max_tokens_per_step = kCudaPrefillChunk, .num_kv_blocks = blocks,
-                                   .vocab_limit = vocab_limit});
+                                   .vocab_limit = vocab_limit, .dummy_preset = {}});
   CpuRunnerOptions ro;
   ro.model_dir = o.model_dir;
   ro.num_threads = o.threads;

@@ -21,6 +21,7 @@ CpuRunner::CpuRunner(const CpuRunnerOptions& opt)
 
 void CpuRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
   logits_.resize(seqs.size());
+  jobs_.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& s = seqs[i];
     const int n = int(s.tokens.size());
@@ -36,9 +37,10 @@ void CpuRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out)
     }
     if (s.sample) {
       for (int v = vocab_limit_; v < cfg_.vocab_size; ++v) logits_[i][v] = -std::numeric_limits<float>::infinity();
-      out[i] = sample_token(logits_[i].data(), vocab_limit_, s.sampling, s.rng_step, scratch_);
+      jobs_.push_back({logits_[i].data(), &s.sampling, s.rng_step, &out[i]});
     }
   }
+  sample_tokens(jobs_, vocab_limit_, pool_, scratch_);
 }
 
 std::span<const float> CpuRunner::last_logits(int index) const {

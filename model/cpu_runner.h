@@ -9,6 +9,7 @@
 #include "model/checkpoint.h"
 #include "model/cpu_reference.h"
 #include "model/model_runner.h"
+#include "model/sampler.h"
 #include "model/weights.h"
 
 namespace mx {
@@ -38,7 +39,8 @@ class CpuRunner : public ModelRunner {
   CpuKvCache kv_;
   int vocab_limit_;
   std::vector<std::vector<float>> logits_;  // per sampled sequence of the last step
-  std::vector<float> scratch_;
+  std::vector<std::vector<float>> scratch_;  // sampler buffers, one per pool part
+  std::vector<SampleJob> jobs_;
 };
 
 }  // namespace mx

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "core/parallel.h"
 #include "model/sampler_detail.h"
 
 namespace mx {
@@ -147,6 +148,22 @@ SampleResult sample_token(const float* logits, int vocab, const SamplingParams& 
   if (p.top_logprobs > 0)
     for (int id : top_ids(logits, vocab, std::min(p.top_logprobs, vocab))) r.top.emplace_back(id, logits[id] - log_z);
   return r;
+}
+
+void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,
+                   std::vector<std::vector<float>>& scratch) {
+  const int64_t n = int64_t(jobs.size());
+  const int parts = int(std::min<int64_t>(n, pool.size()));
+  if (parts == 0) return;
+  if (scratch.size() < size_t(parts)) scratch.resize(parts);
+  auto run = [&](int64_t part) {
+    for (int64_t i = n * part / parts; i < n * (part + 1) / parts; ++i)
+      *jobs[i].out = sample_token(jobs[i].logits, vocab, *jobs[i].params, jobs[i].rng_step, scratch[part]);
+  };
+  if (parts == 1) return run(0);
+  pool.parallel_for(parts, [&](int64_t b, int64_t e) {
+    for (int64_t part = b; part < e; ++part) run(part);
+  });
 }
 
 }  // namespace mx

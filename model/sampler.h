@@ -2,6 +2,7 @@
 // Reproducible: the draw for a request's n-th token depends only on (seed, n).
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/model_runner.h"
@@ -11,6 +12,21 @@ namespace mx {
 // logits[vocab] (raw, fp32). Ids >= vocab are never returned. scratch is reused across calls.
 SampleResult sample_token(const float* logits, int vocab, const SamplingParams& p, uint64_t rng_step,
                           std::vector<float>& scratch);
+
+class ThreadPool;
+
+// One row to sample: raw logits [vocab], its parameters and the index of the token being sampled.
+struct SampleJob {
+  const float* logits = nullptr;
+  const SamplingParams* params = nullptr;
+  uint64_t rng_step = 0;
+  SampleResult* out = nullptr;
+};
+// sample_token for every job, spread over the pool's threads. Each draw depends only on its own row,
+// seed and step, so the results equal a sequential loop. scratch: one buffer per part, kept by the
+// caller so that warm calls allocate nothing.
+void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,
+                   std::vector<std::vector<float>>& scratch);
 
 // Uniform [0, 1) from (seed, step): splitmix64-based, identical on every machine.
 double sample_uniform(uint64_t seed, uint64_t step);
