@@ -432,18 +432,20 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   }
   const int32_t* rtok = reinterpret_cast<const int32_t*>(host_res_);
   const float* rlp = reinterpret_cast<const float*>(host_res_) + S;
+  jobs_.clear();
   for (int s = 0; s < S; ++s) {
     const SeqStep& q = seqs[sample_seq[s]];
     SampleResult& r = out[sample_seq[s]];
     if (host_samples(q.sampling)) {
       // Top-k / top-p / min-p / top_logprobs sample on the host from the copied logits (0.8 MB per row).
-      r = sample_token(host_logits_ + size_t(s) * cfg_.vocab_size, vocab_limit_, q.sampling, q.rng_step, scratch_);
+      jobs_.push_back({host_logits_ + size_t(s) * cfg_.vocab_size, &q.sampling, q.rng_step, &r});
     } else {
       r.token = rtok[s];
       r.logprob = rlp[s];
       r.top.clear();
     }
   }
+  sample_tokens(jobs_, vocab_limit_, sample_pool_, scratch_);
 }
 
 void CudaRunner::run_decode_graph(int M) {

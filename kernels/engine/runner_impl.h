@@ -5,12 +5,16 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/engine/cuda_runner.h"
 #include "kernels/gemm/gemm_bf16.h"
+#include "model/sampler.h"
 
 namespace mx {
 
@@ -98,7 +102,10 @@ class CudaRunner final : public CudaRunnerBase {
   float concentration_ = 1.f;
   float* host_logits_ = nullptr;
   void* host_res_ = nullptr;
-  std::vector<float> scratch_;
+  // Host sampling (top-k / top-p / min-p / top_logprobs rows): in parallel on a few threads.
+  ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
+  std::vector<std::vector<float>> scratch_;
+  std::vector<SampleJob> jobs_;
   // Host bookkeeping of step(), kept so a step allocates nothing once warm.
   std::vector<int> sample_seq_;
   std::vector<std::array<int, 3>> layout_;  // per sequence: first token row, token count, block-table offset
