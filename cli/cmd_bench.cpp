@@ -67,6 +67,41 @@ void print_breakdown(CudaRunnerBase& r, const std::vector<int32_t>& bt, int dept
               100 * bytes / (total * 1e-3) / 1e9 / copy_gbps);
 }
 
+// Graph replays of batch-1 decode steps with one kernel kind left out: the drop in step time is that
+// kind's marginal cost in the real schedule (graph + programmatic dependent launch), which the eager
+// table above, with an event after every kernel, cannot show.
+void print_graph_marginals(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth) {
+  int32_t tok = 1;
+  SeqStep s;
+  s.tokens = std::span<const int32_t>(&tok, 1);
+  s.start_pos = depth;
+  s.block_table = bt;
+  s.sample = true;
+  s.sampling.temperature = 0;
+  SampleResult res;
+  auto step_ms = [&](uint32_t mask) {
+    r.set_decode_skip(mask);
+    for (int i = 0; i < 5; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
+    constexpr int kSteps = 100;
+    const auto a = std::chrono::steady_clock::now();
+    for (int i = 0; i < kSteps; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / kSteps;
+  };
+  const double full = step_ms(0);
+  std::printf("
+graph-mode marginal cost per kernel kind, batch-1 decode step at depth %d: full step %.3f ms
+", depth,
+              full);
+  std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |
+|---|---|---|---|
+");
+  for (int b = 0; b < int(std::size(kDecodeKernelNames)); ++b) {
+    const double t = step_ms(1u << b);
+    std::printf("| %s | %.3f | %.3f | %.1f |\n", kDecodeKernelNames[b], t, full - t, 100 * (full - t) / full);
+  }
+  r.set_decode_skip(0);
+}
+
 void run_bench(const BenchOptions& o) {
   if (o.preset.empty() == o.model.empty()) fail("bench: give exactly one of --preset or --model");
   const int max_b = *std::max_element(o.batch.begin(), o.batch.end());
@@ -170,6 +205,7 @@ void run_bench(const BenchOptions& o) {
   const std::string model = o.model.empty() ? "dummy " + o.preset : o.model;
   if (o.breakdown) {
     print_breakdown(*r, bt0, o.depth, copy_gbps, 1);
+    if (!o.no_graphs) print_graph_marginals(*r, bt0, o.depth);
     print_breakdown(*r, bt0, o.depth, copy_gbps, std::min(max_pp, eo.max_tokens_per_step));
   }
   if (o.json) {

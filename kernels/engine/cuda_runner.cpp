@@ -448,6 +448,16 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   sample_tokens(jobs_, vocab_limit_, sample_pool_, scratch_);
 }
 
+void CudaRunner::set_decode_skip(uint32_t mask) {
+  if (mask == skip_) return;
+  skip_ = mask;
+  for (auto& g : graphs_)  // captured with the old mask
+    if (g) {
+      MX_CUDA(cudaGraphExecDestroy(g));
+      g = nullptr;
+    }
+}
+
 void CudaRunner::run_decode_graph(int M) {
   cudaGraphExec_t& exec = graphs_[M];
   if (!exec) {

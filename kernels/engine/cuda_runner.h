@@ -40,6 +40,14 @@ struct KernelProfile {
   int calls = 0;
 };
 
+// Kernel kinds of the decode step, for set_decode_skip (bench only).
+enum DecodeKernelBit : uint32_t {
+  kDecodeQkv = 1, kDecodeAttention = 2, kDecodeOProj = 4, kDecodeRouter = 8, kDecodeFc1 = 16, kDecodeFc2 = 32,
+  kDecodeHead = 64,  // final norm, lm_head and the pick
+};
+inline constexpr const char* kDecodeKernelNames[] = {"qkv_rope_kv", "attention", "o_proj_residual", "router",
+                                                     "moe_fc1_swiglu", "moe_fc2", "final_norm+lm_head+pick"};
+
 class CudaRunnerBase : public ModelRunner {
  public:
   virtual CudaLoadStats load_stats() const = 0;
@@ -47,6 +55,9 @@ class CudaRunnerBase : public ModelRunner {
   virtual void set_profiling(bool on) = 0;
   virtual std::vector<KernelProfile> last_profile() const = 0;
   virtual void set_use_graphs(bool on) = 0;
+  // Bench only: decode steps leave out the kernel kinds whose DecodeKernelBit is set (their outputs
+  // go stale, results are garbage), so graph replays time each kind's marginal cost.
+  virtual void set_decode_skip(uint32_t mask) = 0;
   // Bytes of weights read by one decode step for M tokens (dense + expected distinct experts).
   virtual double decode_weight_bytes(int M) const = 0;
 };

@@ -35,7 +35,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     q.pos = m.pos + t0; q.slot = m.slot + t0; q.inv_freq = inv_freq_; q.concentration = concentration_;
     q.q_out = qkv_; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
     q.M = M; q.H = H; q.Hq = Hq; q.Hkv = Hkv; q.D = D;
-    cuda::bf16_qkv_rope_kv(q, s);
+    if (!(skip_ & kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, s);
     mark("qkv_rope_kv", double(ls.qkv_w));
 
     cuda::AttnDecodeParams a;
@@ -48,7 +48,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     a.kv_stable = one_token_per_seq;
     a.l2_prefetch = L.o_w;
     a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + E) - reinterpret_cast<const char*>(L.o_w));
-    cuda::attention_decode(a, s);
+    if (!(skip_ & kDecodeAttention)) cuda::attention_decode(a, s);
     if (profiling_) {
       double kv = 0;
       for (int i = 0; i < M; ++i) {
@@ -58,14 +58,14 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
       mark(a.window ? "attention_sliding" : "attention_full", kv);
     }
 
-    cuda::bf16_o_proj_residual({attn_, L.o_w, L.o_b, xout, M, H, Hq * D}, s);
+    if (!(skip_ & kDecodeOProj)) cuda::bf16_o_proj_residual({attn_, L.o_w, L.o_b, xout, M, H, Hq * D}, s);
     mark("o_proj_residual", double(ls.o_w));
 
     cuda::RouterParams r;
     r.res = {xout, nullptr, nullptr};
     r.norm_w = L.mlp_norm; r.eps = c.rms_norm_eps; r.w = L.router_w; r.bias = L.router_b;
     r.logits = router_; r.xn = xn_; r.M = M; r.E = E; r.H = H;
-    cuda::bf16_router(r, s);
+    if (!(skip_ & kDecodeRouter)) cuda::bf16_router(r, s);
     mark("router", double(ls.router_w));
 
     cuda::MoeDecodeParams e;
@@ -75,15 +75,15 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
     e.xn = xn_; e.act = act_bf_; e.y_slot = ysl_;
     e.M = M; e.E = E; e.H = H; e.I = I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
-    cuda::mxfp4_moe_fc1_swiglu(e, s);
+    if (!(skip_ & kDecodeFc1)) cuda::mxfp4_moe_fc1_swiglu(e, s);
     mark("moe_fc1_swiglu", fc1_bytes);
-    cuda::mxfp4_moe_fc2(e, s);
+    if (!(skip_ & kDecodeFc2)) cuda::mxfp4_moe_fc2(e, s);
     mark("moe_fc2", fc2_bytes);
 
     std::swap(xin, xout);
     y = ysl_;
   }
-  if (S > 0) final_logits(xin, y, m.srow_local + s0, s0, S);
+  if (S > 0 && !(skip_ & kDecodeHead)) final_logits(xin, y, m.srow_local + s0, s0, S);
 }
 
 // Final norm + lm_head + greedy pick for S rows of the current token block (x [*, H], y_slot).

@@ -58,6 +58,7 @@ class CudaRunner final : public CudaRunnerBase {
   void set_profiling(bool on) override { profiling_ = on; }
   std::vector<KernelProfile> last_profile() const override { return profile_; }
   void set_use_graphs(bool on) override { use_graphs_ = on; }
+  void set_decode_skip(uint32_t mask) override;
 
  private:
   void plan_memory();
@@ -111,6 +112,7 @@ class CudaRunner final : public CudaRunnerBase {
   std::vector<std::array<int, 3>> layout_;  // per sequence: first token row, token count, block-table offset
   // CUDA graphs of the single-chunk decode step, one per token count 1..8.
   bool use_graphs_ = true;
+  uint32_t skip_ = 0;  // DecodeKernelBit mask (bench only)
   std::array<cudaGraphExec_t, 9> graphs_{};
   // profiling
   bool profiling_ = false;
