@@ -88,13 +88,9 @@ void print_graph_marginals(CudaRunnerBase& r, const std::vector<int32_t>& bt, in
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / kSteps;
   };
   const double full = step_ms(0);
-  std::printf("
-graph-mode marginal cost per kernel kind, batch-1 decode step at depth %d: full step %.3f ms
-", depth,
-              full);
-  std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |
-|---|---|---|---|
-");
+  std::printf("\ngraph-mode marginal cost per kernel kind, batch-1 decode step at depth %d: full step %.3f ms\n",
+              depth, full);
+  std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |\n|---|---|---|---|\n");
   for (int b = 0; b < int(std::size(kDecodeKernelNames)); ++b) {
     const double t = step_ms(1u << b);
     std::printf("| %s | %.3f | %.3f | %.1f |\n", kDecodeKernelNames[b], t, full - t, 100 * (full - t) / full);
