@@ -142,7 +142,7 @@ void CudaRunner::plan_memory() {
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
   bt_cap_ = int(S) * ((opt_.max_model_len + opt_.block_size - 1) / opt_.block_size) + T_;
-  meta_bytes_ = size_t(7 * T_ + 3 * S_ + bt_cap_) * 4;
+  meta_bytes_ = size_t(meta_tail() + bt_cap_) * 4;
   const size_t per_block = size_t(opt_.block_size) * c.kv_dim() * 2 * 2 * c.num_layers;
   size_t free_b = 0, total_b = 0;
   MX_CUDA(cudaMemGetInfo(&free_b, &total_b));
@@ -202,9 +202,10 @@ void CudaRunner::plan_memory() {
   auto lay = [&](int32_t* base, StepMeta& m) {
     m.tok = base; m.pos = base + T_; m.slot = base + 2 * T_; m.bt_off = base + 3 * T_; m.srow = base + 4 * T_;
     m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_;
-    m.sample_key = reinterpret_cast<uint64_t*>(base + 7 * T_);  // 8-byte aligned: T_ >= 64
-    m.inv_temp = reinterpret_cast<float*>(base + 7 * T_ + 2 * S_);
-    m.bt = base + 7 * T_ + 3 * S_;
+    const int key_off = (7 * T_ + 1) & ~1;  // even: the 64-bit keys stay 8-byte aligned
+    m.sample_key = reinterpret_cast<uint64_t*>(base + key_off);
+    m.inv_temp = reinterpret_cast<float*>(base + key_off + 2 * S_);
+    m.bt = base + meta_tail();
   };
   lay(hm, hmeta_);
   lay(dm, dmeta_);
@@ -380,7 +381,7 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   last_sampled_ = S;
   if (M == 0) return;
   // Metadata arrays sit at fixed offsets; the block tables follow. One copy.
-  MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(7 * T_ + 3 * S_ + nbt) * 4, cudaMemcpyHostToDevice, stream_));
+  MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(meta_tail() + nbt) * 4, cudaMemcpyHostToDevice, stream_));
   if (profiling_) {
     marks_.clear();
     MX_CUDA(cudaEventRecord(events_[0], stream_));

@@ -74,6 +74,9 @@ class CudaRunner final : public CudaRunnerBase {
   // Prefill forward over all M tokens of the step with the sequences' layout.
   void forward_prefill(int M, int S, const std::vector<std::array<int, 3>>& seqs, int n_decode);
   void final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
+  // int32 words of the step metadata before the block tables: 7 token arrays, then (at an even
+  // offset) the 64-bit sample keys and the inverse temperatures of the sampled rows.
+  int meta_tail() const { return ((7 * T_ + 1) & ~1) + 3 * S_; }
   void run_decode_graph(int M);
 
   // Kernel timing for `bench --breakdown` (eager steps only).
