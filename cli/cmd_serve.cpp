@@ -1,4 +1,5 @@
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
@@ -104,6 +105,9 @@ void run_serve(ServeOptions o) {
   if (o.srv.model_name.empty()) o.srv.model_name = std::filesystem::path(o.model_dir).filename().string();
   if (o.srv.model_name.empty()) o.srv.model_name = o.model_dir;
 
+  // Every running or queued request holds an HTTP thread; a few more keep /health and /metrics live.
+  // Capped: beyond 4096, further requests wait in the accept queue for a thread.
+  o.srv.http_threads = std::min(o.max_num_seqs + o.max_waiting + 8, 4096);
   server::Server srv(o.srv);
   if (!srv.bind()) fail("cannot listen on {}:{} (in use or not permitted)", o.srv.host, o.srv.port);
   log::info("listening on http://{}:{} (model '{}')", o.srv.host, srv.port(), o.srv.model_name);

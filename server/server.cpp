@@ -420,6 +420,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
 
 void Server::Impl::setup() {
   http.set_payload_max_length(opt.max_body_bytes);
+  if (opt.http_threads > 0) {
+    const size_t n = size_t(opt.http_threads);
+    http.new_task_queue = [n] { return new httplib::ThreadPool(n); };
+  }
   http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string msg = "internal error";
     try { std::rethrow_exception(ep); } catch (const std::exception& e) { msg = e.what(); } catch (...) {}

@@ -21,6 +21,10 @@ struct ServerOptions {
   std::string model_name;            // set by the CLI
   size_t max_body_bytes = 2u << 20;
   double request_timeout_s = 600;
+  // HTTP worker threads. A streaming or queued request holds one for its whole life, so the server
+  // needs about max_num_seqs + max_waiting of them; 0 = cpp-httplib's default (max(8, cores - 1)),
+  // which would cap concurrent generations at that number.
+  int http_threads = 0;
   Limits limits;
 };
 

@@ -5,7 +5,16 @@ import { client, user, metric, waitFor, FINISH, MODEL } from './helpers.mjs';
 
 const oa = client();
 
-test('32 concurrent streams all complete', async () => {
+// Also: the 32 run at once. A streaming request holds an HTTP thread, and cpp-httplib's default pool
+// (max(8, cores - 1) threads) once capped concurrent generations at that number.
+test('32 concurrent streams all complete, and run at once', async () => {
+  let maxRunning = 0, polling = true;
+  const poll = (async () => {
+    while (polling) {
+      maxRunning = Math.max(maxRunning, (await metric('vllm:num_requests_running')) ?? 0);
+      await new Promise((r) => setTimeout(r, 10));
+    }
+  })();
   const one = async (i) => {
     const stream = await oa.chat.completions.create({
       model: MODEL, messages: user(`Request number ${i}.`), max_tokens: 8, stream: true, stream_options: { include_usage: true },
@@ -19,6 +28,9 @@ test('32 concurrent streams all complete', async () => {
     return { finish, usage, chunks };
   };
   const results = await Promise.all(Array.from({ length: 32 }, (_, i) => one(i)));
+  polling = false;
+  await poll;
+  assert.ok(maxRunning >= 24, `at most ${maxRunning} of 32 streams ran at once`);
   for (const r of results) {
     assert.ok(FINISH.includes(r.finish), JSON.stringify(r));
     assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
