@@ -2,8 +2,12 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <random>
 
 #include "core/error.h"
@@ -56,6 +60,7 @@ struct ChoiceState {
 struct Server::Impl {
   ServerOptions opt;
   httplib::Server http;
+  int listen_fd = -1;  // the listening socket, captured to raise its backlog
   std::atomic<runtime::Engine*> engine{nullptr};
   std::shared_ptr<const Tokenizer> tok;
   std::vector<int32_t> eos_ids, chat_stop_ids;
@@ -420,6 +425,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
 
 void Server::Impl::setup() {
   http.set_payload_max_length(opt.max_body_bytes);
+  http.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = int(sock);  // the last socket created is the one that binds
+  });
   if (opt.http_threads > 0) {
     const size_t n = size_t(opt.http_threads);
     http.new_task_queue = [n] { return new httplib::ThreadPool(n); };
@@ -500,6 +509,10 @@ void Server::attach(runtime::Engine* engine, std::shared_ptr<const Tokenizer> to
 bool Server::bind() {
   if (impl_->opt.port == 0) port_ = impl_->http.bind_to_any_port(impl_->opt.host);
   else port_ = impl_->http.bind_to_port(impl_->opt.host, impl_->opt.port) ? impl_->opt.port : -1;
+  // cpp-httplib (as built by Debian) listens with a backlog of 5: a burst of connections overflows
+  // it and each dropped client retries after 1 s. Listening again on the socket raises the backlog.
+  if (port_ > 0 && impl_->listen_fd >= 0 && ::listen(impl_->listen_fd, SOMAXCONN) != 0)
+    log::warn("could not raise the listen backlog: {}", std::strerror(errno));
   return port_ > 0;
 }
 void Server::listen() { impl_->http.listen_after_bind(); }

@@ -1,7 +1,9 @@
 // Concurrency and client disconnects.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { client, user, metric, waitFor, FINISH, MODEL } from './helpers.mjs';
+import fs from 'node:fs';
+import net from 'node:net';
+import { client, user, metric, waitFor, FINISH, MODEL, URL_BASE } from './helpers.mjs';
 
 const oa = client();
 
@@ -74,4 +76,24 @@ test('prefix cache counters are exported', async () => {
   const q = await metric('vllm:prefix_cache_queries_total');
   const h = await metric('vllm:prefix_cache_hits_total');
   assert.ok(q > 0 && h > 0 && h <= q, `queries ${q} hits ${h}`);
+});
+
+// A burst of connections must not overflow the listen queue (cpp-httplib listens with a backlog of
+// 5; a dropped SYN costs the client a 1 s retransmit). Counted by the kernel, so not a timing test.
+test('a burst of 256 connections overflows no listen queue', { skip: !fs.existsSync('/proc/net/netstat') }, async () => {
+  const overflows = () => {
+    const lines = fs.readFileSync('/proc/net/netstat', 'utf8').split('\n');
+    const i = lines.findIndex((l) => l.startsWith('TcpExt:'));
+    const keys = lines[i].split(' '), vals = lines[i + 1].split(' ');
+    return Number(vals[keys.indexOf('ListenOverflows')]);
+  };
+  const { hostname, port } = new URL(URL_BASE);
+  const before = overflows();
+  await Promise.all(Array.from({ length: 256 }, () => new Promise((resolve, reject) => {
+    const s = net.connect(Number(port), hostname, () => s.end('GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n'));
+    s.on('data', () => {});
+    s.on('close', resolve);
+    s.on('error', reject);
+  })));
+  assert.equal(overflows() - before, 0);
 });
