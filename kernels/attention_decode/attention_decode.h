@@ -11,7 +11,7 @@
 
 namespace mx::cuda {
 
-constexpr int kAttnDecodeSplits = 16;
+constexpr int kAttnDecodeSplits = 32;  // 2049 keys: 17 splits of 128, one 32-key chunk per warp
 constexpr int kAttnDecodeGroup = 8;  // query heads per KV head (gpt-oss: 64 / 8)
 
 struct AttnDecodeParams {

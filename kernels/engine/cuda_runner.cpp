@@ -131,7 +131,10 @@ void CudaRunner::plan_memory() {
   const size_t T = T_, S = S_, k = c.experts_per_token;
   moe_max_tiles_ = cuda::moe_prefill_max_tiles(T_, int(k), int(E));
   // name, bytes: the activation arena in order (see the take() calls below).
-  const size_t attn_part = cuda::attention_decode_scratch_floats(T_, c.num_kv_heads, c.head_dim) * 4;
+  // Decode attention runs on at most 8 tokens (decode path) or on the single-token rows of a prefill
+  // step (at most one per sequence); only the flash-off cross-check sends it every prompt row.
+  attn_rows_ = opt_.flash_prefill_attention ? std::max(S_, cuda::kDecodeMaxTokens) : T_;
+  const size_t attn_part = cuda::attention_decode_scratch_floats(attn_rows_, c.num_kv_heads, c.head_dim) * 4;
   const std::vector<size_t> abuf = {
       T * H * 4, T * H * 4, T * c.qkv_dim() * 4, T * E * 4, T * k * 4, T * k * H * 4, S * V * 4, S * 8,
       size_t(c.head_dim) * 2, attn_part,                                                  // floats
@@ -387,6 +390,8 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
     MX_CUDA(cudaEventRecord(events_[0], stream_));
   }
   const bool decode_path = M < opt_.prefill_min_tokens || M <= cuda::kDecodeMaxTokens || !prefill_path_supported();
+  if (!decode_path && n_decode > attn_rows_)
+    fail("step has {} single-token rows, more than max_num_seqs={} allows", n_decode, S_);
   if (decode_path) {
     bool identity = S == M;
     for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;

@@ -88,6 +88,7 @@ class CudaRunner final : public CudaRunnerBase {
   CudaLoadStats stats_;
   int vocab_limit_ = 0;  // ids >= this (beyond the tokenizer) are never sampled
   int T_ = 0, S_ = 0, bt_cap_ = 0, num_blocks_ = 0, last_sampled_ = 0;
+  int attn_rows_ = 0;  // rows the decode attention's split-K scratch holds
   uint8_t *weights_ = nullptr, *act_ = nullptr, *kv_ = nullptr;
   uint16_t *embed_ = nullptr, *lm_head_ = nullptr, *final_norm_ = nullptr;
   std::vector<DevLayer> layers_;
