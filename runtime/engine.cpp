@@ -186,7 +186,8 @@ bool Engine::step() {
   // Schedule: running sequences first (decodes need 1 token; partial prefills take a chunk),
   // then admit waiting ones while budget and seats remain.
   int budget = opt_.max_num_batched_tokens;
-  std::vector<std::pair<Seq*, int>> sched;
+  std::vector<std::pair<Seq*, int>>& sched = sched_;
+  sched.clear();
   std::stable_sort(running_.begin(), running_.end(), [](auto& a, auto& b) {
     return (int(a->tokens.size()) - a->num_computed == 1) > (int(b->tokens.size()) - b->num_computed == 1);
   });
@@ -254,8 +255,10 @@ bool Engine::step() {
     return false;
   }
 
-  std::vector<SeqStep> steps(sched.size());
-  std::vector<SampleResult> out(sched.size());
+  std::vector<SeqStep>& steps = steps_;
+  std::vector<SampleResult>& out = out_;
+  steps.assign(sched.size(), SeqStep{});
+  out.assign(sched.size(), SampleResult{});
   for (size_t i = 0; i < sched.size(); ++i) {
     auto [s, n] = sched[i];
     SeqStep& st = steps[i];

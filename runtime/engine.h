@@ -144,6 +144,10 @@ class Engine {
   // Engine-thread state.
   std::deque<std::unique_ptr<Seq>> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
+  // A step's schedule and runner I/O, kept so a warm step allocates no vectors.
+  std::vector<std::pair<Seq*, int>> sched_;
+  std::vector<SeqStep> steps_;
+  std::vector<SampleResult> out_;
   std::thread thread_;
 };
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/device_math.cuh"
 #include "kernels/common/l2_prefetch.cuh"
 #include "kernels/common/pdl.cuh"
 
@@ -12,15 +13,6 @@ namespace {
 constexpr int G = kAttnDecodeGroup, S = kAttnDecodeSplits, kWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 __device__ __forceinline__ uint16_t to_bf(float f) {
   const uint32_t u = __float_as_uint(f);
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);

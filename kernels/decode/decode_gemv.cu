@@ -3,6 +3,7 @@
 #include "kernels/decode/decode_gemv.h"
 
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/decode/mma_tile.cuh"
 #include "kernels/decode/stage.cuh"
@@ -13,7 +14,6 @@ using namespace mma;
 
 constexpr int kWarps = 4;
 
-__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 __device__ __forceinline__ uint16_t to_bf(float f) { return uint16_t(f32_to_bf16_bits(f)); }
 
 __device__ __forceinline__ ResidualIn residual_in(const DecodeResidual& r, bool first_cta) {

@@ -3,16 +3,13 @@
 #include <cfloat>
 #include <cuda_bf16.h>
 
+#include "kernels/common/device_math.cuh"
+
 namespace mx::cuda {
 namespace {
 
-__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 __device__ __forceinline__ uint16_t to_bf(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
 }
 
 __global__ void embed_k(const uint16_t* E, const int32_t* tok, float* x, int H) {

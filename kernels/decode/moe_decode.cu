@@ -8,6 +8,7 @@
 #include <cfloat>
 
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/decode/mma_tile.cuh"
 #include "kernels/decode/stage.cuh"
@@ -26,7 +27,6 @@ struct Routing {
   int count;
 };
 
-__device__ __forceinline__ float bf(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 
 // One warp per token: four rounds of a warp argmax over the not-yet-chosen logits.
 __device__ void route_tokens(const float* logits, int splits, int M, int E, Routing& r) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/common/device_math.cuh"
 #include "kernels/decode/mma_tile.cuh"
 
 namespace mx::cuda::mma {
@@ -12,10 +13,6 @@ namespace mx::cuda::mma {
 constexpr int kMaxDecodeTokens = 8;   // one n=8 fragment column per token
 constexpr int kTopK = 4;
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // 8 fp32 values -> one 16-byte staged chunk; permute swaps positions 1 and 2 of each quad.
 __device__ __forceinline__ uint4 pack8(const float (&v)[8], bool permute) {
