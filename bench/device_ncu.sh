@@ -8,13 +8,15 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/mxserve-ncu}
 P=${1:-120b}
 N=${2:-2}
+L=36; [ "$P" = 20b ] && L=24
 mkdir -p "$OUT"
 source scripts/device-env.sh
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-# pp16 and the depth fill run the prefill path; 2 decode steps are skipped (warm-up), then N layers.
+# The depth fill and pp16 (3 prefill steps) each end in final_norm + lm_head + argmax; then 2 decode
+# steps of L layers x 6 kernels + 3 are skipped (warm-up), and N layers are profiled.
 timeout 300 "$NCU" --clock-control none --cache-control none \
   --kernel-name regex:'qkv_rope_kv_k|attn_decode_k|gemv_k|router_k|fc1_k|fc2_k|argmax_k|final_norm_k' \
-  --launch-skip $((2 * 36 * 6 + 10)) --launch-count $((N * 6 + 2)) \
+  --launch-skip $((9 + 2 * (L * 6 + 3))) --launch-count $((N * 6 + 2)) \
   --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
   --metrics dram__bytes_read.sum,lts__t_bytes.sum,gpu__time_duration.sum \
   --csv --page raw \
