@@ -13,6 +13,10 @@ namespace {
 using namespace mma;
 
 constexpr int kWarps = 4;
+// Weight segments each warp keeps in flight (registers). All CTAs of these grids fit in one wave, so
+// the registers of a deeper batch cost no occupancy: 8 segments (162 / 160 registers) measured
+// +4 % on the 120b decode step over 4 (docs/perf.md, 2026-11-23).
+constexpr int kQkvU = 8, kOprojU = 8;
 
 __device__ __forceinline__ uint16_t to_bf(float f) { return uint16_t(f32_to_bf16_bits(f)); }
 
@@ -39,7 +43,7 @@ __global__ void __launch_bounds__(128) qkv_rope_kv_k(QkvRopeKvParams p) {
   const int rA = h * p.D + d, rB = rA + half;
   int s0, s1;
   split_range(p.H / 32, kp, KSPLIT, s0, s1);
-  Bf16Pipe pipe{{}, {}, p.w + size_t(rA) * p.H, p.w + size_t(rB) * p.H, s1, t};
+  Bf16PipeT<kQkvU> pipe{{}, {}, p.w + size_t(rA) * p.H, p.w + size_t(rB) * p.H, s1, t};
   pipe.load(s0);
   pdl_wait();
   pdl_launch_dependents();
@@ -86,9 +90,9 @@ struct Bf16Rows {
 };
 
 // The plain GEMVs: weight rows of this warp's tile, first batch issued before staging.
-template <int KSPLIT>
+template <int KSPLIT, int U = 4>
 struct PlainTile {
-  Bf16Pipe pipe;
+  Bf16PipeT<U> pipe;
   int r0, s0, tile, kp, ntiles;
   // K segments [seg_lo, seg_hi) of 32 values (default: all) are split over the KSPLIT warps.
   __device__ PlainTile(const uint16_t* w, int N, int K, int seg_lo = 0, int seg_hi = -1) {
@@ -103,7 +107,7 @@ struct PlainTile {
     split_range(seg_hi - seg_lo, kp, KSPLIT, s0, s1);
     s0 += seg_lo;
     s1 += seg_lo;
-    pipe = Bf16Pipe{{}, {}, w + size_t(rA) * K, w + size_t(rB) * K, s1, t};
+    pipe = Bf16PipeT<U>{{}, {}, w + size_t(rA) * K, w + size_t(rB) * K, s1, t};
     pipe.load(s0);
   }
   // After staging + __syncthreads: the tile's outputs in c; false for warps with nothing to write.
@@ -150,11 +154,11 @@ __global__ void __launch_bounds__(128) router_k(RouterParams p) {
 struct GemvParams {
   const uint16_t* x; const uint16_t* w; const uint16_t* bias; float* y; int M, N, K; bool accumulate;
 };
-template <int KSPLIT>
+template <int KSPLIT, int U = 4>
 __global__ void __launch_bounds__(128) gemv_k(GemvParams p) {
   extern __shared__ __align__(16) uint16_t xs[];
   __shared__ float red[kWarps * 32 * 4];
-  PlainTile<KSPLIT> pt(p.w, p.N, p.K);
+  PlainTile<KSPLIT, U> pt(p.w, p.N, p.K);
   pdl_wait();
   pdl_launch_dependents();
   stage_bf16_rows(Bf16Rows{p.x, p.K}, p.M, p.K, false, xs);
@@ -222,9 +226,9 @@ void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
 
 void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {
   check_m(p.M);
-  static bool init = (allow_smem(gemv_k<4>), true);
+  static bool init = (allow_smem(gemv_k<4, kOprojU>), true);
   (void)init;
-  launch_pdl(gemv_k<4>, dim3((p.N + 15) / 16), dim3(128), smem_bytes(p.M, p.K), s,
+  launch_pdl(gemv_k<4, kOprojU>, dim3((p.N + 15) / 16), dim3(128), smem_bytes(p.M, p.K), s,
              GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true});
 }
 

@@ -73,9 +73,10 @@ __device__ __forceinline__ uint32_t e8m0_mult(uint32_t s) {
 
 // Weight loads run one batch of U segments ahead of the math, and the first batch is issued before
 // the CTA stages its activations, so HBM streaming starts at kernel entry.
-// bf16 rows: batch = 4 segments of 32 values.
-struct Bf16Pipe {
-  static constexpr int U = 4;
+// bf16 rows: batch = U segments of 32 values.
+template <int U_>
+struct Bf16PipeT {
+  static constexpr int U = U_;
   uint4 wa[U], wb[U];
   const uint16_t *rowA, *rowB;
   int s1, t;
@@ -88,11 +89,13 @@ struct Bf16Pipe {
       }
   }
 };
+using Bf16Pipe = Bf16PipeT<4>;
 
-__device__ __forceinline__ void bf16_batch_mma(const uint4 (&wa)[Bf16Pipe::U], const uint4 (&wb)[Bf16Pipe::U],
-                                               const uint16_t* x_row, int s, int s1, int t, float (&c)[4]) {
+template <int U>
+__device__ __forceinline__ void bf16_batch_mma(const uint4 (&wa)[U], const uint4 (&wb)[U], const uint16_t* x_row, int s,
+                                               int s1, int t, float (&c)[4]) {
 #pragma unroll
-  for (int u = 0; u < Bf16Pipe::U; ++u) {
+  for (int u = 0; u < U; ++u) {
     if (s + u >= s1) break;  // uniform across the warp
     const uint4 x = *reinterpret_cast<const uint4*>(x_row + (s + u) * kGroupStride + 8 * t);
     mma_16816(c, wa[u].x, wb[u].x, wa[u].y, wb[u].y, x.x, x.y);
@@ -101,13 +104,14 @@ __device__ __forceinline__ void bf16_batch_mma(const uint4 (&wa)[Bf16Pipe::U], c
 }
 
 // c += W[rowA|rowB] . x over 32-value segments [s0, s1), with p.load(s0) already issued.
-__device__ __forceinline__ void tile_bf16_run(Bf16Pipe& p, const uint16_t* x_row, int s0, float (&c)[4]) {
-  for (int s = s0; s < p.s1; s += Bf16Pipe::U) {
-    uint4 wa[Bf16Pipe::U], wb[Bf16Pipe::U];
+template <int U>
+__device__ __forceinline__ void tile_bf16_run(Bf16PipeT<U>& p, const uint16_t* x_row, int s0, float (&c)[4]) {
+  for (int s = s0; s < p.s1; s += U) {
+    uint4 wa[U], wb[U];
 #pragma unroll
-    for (int u = 0; u < Bf16Pipe::U; ++u) { wa[u] = p.wa[u]; wb[u] = p.wb[u]; }
-    if (s + Bf16Pipe::U < p.s1) p.load(s + Bf16Pipe::U);
-    bf16_batch_mma(wa, wb, x_row, s, p.s1, p.t, c);
+    for (int u = 0; u < U; ++u) { wa[u] = p.wa[u]; wb[u] = p.wb[u]; }
+    if (s + U < p.s1) p.load(s + U);
+    bf16_batch_mma<U>(wa, wb, x_row, s, p.s1, p.t, c);
   }
 }
 
@@ -128,9 +132,10 @@ __device__ __forceinline__ void group_mxfp4(const uint4& wa, const uint4& wb, ui
   }
 }
 
-// MXFP4 rows: batch = 4 segments of 128 values (one 16-byte group per lane and row each).
-struct Mxfp4Pipe {
-  static constexpr int U = 4;
+// MXFP4 rows: batch = U segments of 128 values (one 16-byte group per lane and row each).
+template <int U_>
+struct Mxfp4PipeT {
+  static constexpr int U = U_;
   uint4 wa[U], wb[U];
   uint32_t ma[U], mb[U];
   const uint8_t *blkA, *blkB, *scA, *scB;
@@ -151,10 +156,11 @@ struct Mxfp4Pipe {
     }
   }
 };
+using Mxfp4Pipe = Mxfp4PipeT<4>;
 
 // c += W[rowA|rowB] . x over 128-value segments [s0, s1) (the last may be partial), p.load(s0) issued.
-__device__ __forceinline__ void tile_mxfp4_run(Mxfp4Pipe& p, const uint16_t* x_row, int s0, float (&c)[4]) {
-  constexpr int U = Mxfp4Pipe::U;
+template <int U>
+__device__ __forceinline__ void tile_mxfp4_run(Mxfp4PipeT<U>& p, const uint16_t* x_row, int s0, float (&c)[4]) {
   for (int s = s0; s < p.s1; s += U) {
     uint4 wa[U], wb[U];
     uint32_t ma[U], mb[U];

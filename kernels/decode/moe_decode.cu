@@ -19,6 +19,10 @@ using namespace mma;
 
 constexpr int kWarps = 4;
 constexpr int kMaxSlots = kMaxDecodeTokens * kTopK;
+// Weight segments in flight per warp. Deeper batches (6) measured slower than 4 here: the MXFP4
+// kernels are as much ALU- as latency-bound. __launch_bounds__(128, 3) lets them use up to 168
+// registers (both grids need under 3 CTAs per SM).
+constexpr int kFc1U = 4, kFc2U = 4;
 
 struct Routing {
   int idx[kMaxDecodeTokens][kTopK];
@@ -87,12 +91,12 @@ __device__ void route_tokens(const float* logits, int splits, int M, int E, Rout
 }
 
 // The weight rows (rA, rB) of expert matrix [*, K] in MXFP4 for split kp of KSPLIT; first batch issued.
-template <int KSPLIT>
-__device__ __forceinline__ Mxfp4Pipe expert_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA, size_t rB,
+template <int KSPLIT, int U>
+__device__ __forceinline__ Mxfp4PipeT<U> expert_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA, size_t rB,
                                                  int K, int kp, int t, int& s0) {
   const int groups = K / 32, segs = (groups + 3) / 4;
   s0 = segs * kp / KSPLIT;
-  Mxfp4Pipe pipe{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups,
+  Mxfp4PipeT<U> pipe{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups,
                  scales + rB * groups, segs * (kp + 1) / KSPLIT, groups, t};
   pipe.load(s0);
   return pipe;
@@ -105,7 +109,7 @@ __device__ __forceinline__ int slot_of(const Routing& r, int n, int e) {
 }
 
 template <int KSPLIT>
-__global__ void __launch_bounds__(128) fc1_k(MoeDecodeParams p) {
+__global__ void __launch_bounds__(128, 3) fc1_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint16_t xs[];
   __shared__ float red[kWarps * 32 * 4];
   __shared__ Routing r;
@@ -120,7 +124,7 @@ __global__ void __launch_bounds__(128) fc1_k(MoeDecodeParams p) {
   const int i = min(tile, ntiles - 1) * 8 + g;
   const size_t rA = size_t(e) * 2 * I + 2 * i, rB = rA + 1;
   int s0;
-  Mxfp4Pipe pipe = expert_pipe<KSPLIT>(p.fc1_blocks, p.fc1_scales, rA, rB, H, kp, t, s0);
+  Mxfp4PipeT<kFc1U> pipe = expert_pipe<KSPLIT, kFc1U>(p.fc1_blocks, p.fc1_scales, rA, rB, H, kp, t, s0);
   stage_bf16_rows([&](int n) -> const uint16_t* { return slot_of(r, n, e) >= 0 ? p.xn + size_t(n) * H : nullptr; },
                   p.M, H, true, xs);
   __syncthreads();
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(128) fc1_k(MoeDecodeParams p) {
 }
 
 template <int KSPLIT>
-__global__ void __launch_bounds__(128) fc2_k(MoeDecodeParams p) {
+__global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint16_t xs[];
   __shared__ float red[kWarps * 32 * 4];
   __shared__ Routing r;
@@ -156,7 +160,7 @@ __global__ void __launch_bounds__(128) fc2_k(MoeDecodeParams p) {
   const int r0 = min(tile, ntiles - 1) * 16;
   const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
   int s0;
-  Mxfp4Pipe pipe = expert_pipe<KSPLIT>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
+  Mxfp4PipeT<kFc2U> pipe = expert_pipe<KSPLIT, kFc2U>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
   pdl_wait();
   pdl_launch_dependents();
   stage_bf16_rows(
