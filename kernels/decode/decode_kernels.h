@@ -2,6 +2,8 @@
 // KV-cache write for prefill, top-k routing for prefill, greedy pick, dummy-weight fill.
 // Launchers only; device code lives in decode_kernels.cu. All pointers are device pointers.
 #pragma once
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -32,8 +34,12 @@ void launch_topk_softmax(const float* logits, int32_t* idx, float* w, int M, int
 // inv_temp[row] > 0, a sample from softmax(logits * inv_temp) by the Gumbel-max trick: the argmax of
 // logits * inv_temp - log(-log(u_i)), u_i a uniform derived from (key[row], i). out_lp = log-softmax of
 // the raw logits at the pick. out_tok [S], out_lp [S]; inv_temp / key [S] or null (all greedy).
+// scratch: argmax_scratch_floats(S, V_limit) floats.
+inline int argmax_chunks(int V_limit) { return std::clamp((V_limit + 4095) / 4096, 1, 32); }
+inline size_t argmax_scratch_floats(int S, int V_limit) { return size_t(S) * argmax_chunks(V_limit) * 4; }
 void launch_argmax_logprob(const float* logits, int S, int V, int V_limit, int32_t* out_tok, float* out_lp,
-                           cudaStream_t s, const float* inv_temp = nullptr, const uint64_t* key = nullptr);
+                           float* scratch, cudaStream_t s, const float* inv_temp = nullptr,
+                           const uint64_t* key = nullptr);
 // Random bf16 in [-scale, scale) / random bytes, generated on the device (dummy weights).
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s);
 void launch_fill_random_u8(uint8_t* p, size_t n, uint8_t lo, uint8_t span, uint64_t seed, cudaStream_t s);

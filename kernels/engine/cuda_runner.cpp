@@ -141,7 +141,7 @@ void CudaRunner::plan_memory() {
       T * H * 2, T * c.q_dim() * 2, T * c.q_dim() * 2, T * k * I * 2, S * H * 2,          // bf16
       T * k * 4, T * c.num_kv_heads * 4,                                                  // eidx, tickets
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(moe_max_tiles_) * 4, size_t(moe_max_tiles_) * 4, 4,
-      T * k * 4};
+      T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4};
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
   bt_cap_ = int(S) * ((opt_.max_model_len + opt_.block_size - 1) / opt_.block_size) + T_;
@@ -199,6 +199,7 @@ void CudaRunner::plan_memory() {
   eidx_ = i32(); tickets_ = i32();
   moe_counts_ = i32(); moe_offsets_ = i32(); moe_sorted_tok_ = i32(); moe_sorted_slot_ = i32();
   moe_tile_expert_ = i32(); moe_tile_row0_ = i32(); moe_num_tiles_ = i32(); moe_sorted_w_ = f32();
+  argmax_part_ = f32();
   int32_t* dm = reinterpret_cast<int32_t*>(a);
   int32_t* hm = nullptr;
   MX_CUDA(cudaMallocHost(&hm, meta_bytes_));

@@ -93,7 +93,7 @@ class CudaRunner final : public CudaRunnerBase {
   uint16_t *embed_ = nullptr, *lm_head_ = nullptr, *final_norm_ = nullptr;
   std::vector<DevLayer> layers_;
   // activations
-  float *xa_, *xb_, *qkv_, *router_, *ew_, *ysl_, *logits_, *dres_, *inv_freq_, *attn_part_;
+  float *xa_, *xb_, *qkv_, *router_, *ew_, *ysl_, *logits_, *dres_, *inv_freq_, *attn_part_, *argmax_part_;
   uint16_t *xn_, *qbf_, *attn_, *act_bf_, *xs_;
   int32_t *eidx_, *tickets_;
   // grouped-MoE routing scratch (prefill)

@@ -44,15 +44,18 @@ TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
   std::mt19937 rng(5);
   std::normal_distribution<float> n(0, 2);
   for (auto& v : lg) v = n(rng);
-  lg[1234] = 50; lg[4000] = 50;  // tie in row 0
-  lg[V + 5002] = 40;             // last element in row 1
+  lg[1234] = 50; lg[4000] = 50; lg[V - 2] = 50;  // a tie in row 0, across chunks when there are several
+  lg[V + 5002] = 40;
+  lg[2 * size_t(V) + V - 1] = 45;                 // the last id, in the (partial) last chunk
   int32_t* dt; float* dl; float* dlg = to_dev(lg);
-  cudaMalloc(&dt, S * 4); cudaMalloc(&dl, S * 4);
-  mx::cuda::launch_argmax_logprob(dlg, S, V, V, dt, dl, 0);
+  float* dpart;
+  cudaMalloc(&dt, S * 4); cudaMalloc(&dl, S * 4); cudaMalloc(&dpart, mx::cuda::argmax_scratch_floats(S, V) * 4);
+  mx::cuda::launch_argmax_logprob(dlg, S, V, V, dt, dl, dpart, 0);
   auto t = from_dev(dt, S);
   auto lp = from_dev(dl, S);
   EXPECT_EQ(t[0], 1234);
   EXPECT_EQ(t[1], 5002);
+  EXPECT_EQ(t[2], V - 1);
   for (int s = 0; s < S; ++s) {
     const float* r = &lg[size_t(s) * V];
     int best = 0;
@@ -62,9 +65,10 @@ TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
     EXPECT_EQ(t[s], best);
     EXPECT_NEAR(lp[s], -std::log(z), 1e-5);
   }
-  cudaFree(dt); cudaFree(dl); cudaFree(dlg);
+  cudaFree(dt); cudaFree(dl); cudaFree(dlg); cudaFree(dpart);
 }
-INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004));
+// One chunk (5003, 5004) and several with a partial last one (201088: 32 chunks, the gpt-oss vocabulary).
+INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004, 9001, 201088));
 
 // GPU temperature sampling (Gumbel-max in the greedy-pick kernel): 40000 draws from one 64-logit
 // row follow softmax(logits / T) (every id within 5 sigma of its binomial count), every row's
@@ -89,11 +93,12 @@ TEST(CudaKernels, GpuSamplingFollowsSoftmax) {
   float* dit = to_dev(it);
   uint64_t* dkeys = to_dev(keys);
   int32_t* dt; float* dl;
-  cudaMalloc(&dt, N * 4); cudaMalloc(&dl, N * 4);
-  mx::cuda::launch_argmax_logprob(dlg, N, V, V, dt, dl, 0, dit, dkeys);
+  float* dpart;
+  cudaMalloc(&dt, N * 4); cudaMalloc(&dl, N * 4); cudaMalloc(&dpart, mx::cuda::argmax_scratch_floats(N, V) * 4);
+  mx::cuda::launch_argmax_logprob(dlg, N, V, V, dt, dl, dpart, 0, dit, dkeys);
   auto tok = from_dev(dt, N);
   auto lp = from_dev(dl, N);
-  mx::cuda::launch_argmax_logprob(dlg, N, V, V, dt, dl, 0, dit, dkeys);
+  mx::cuda::launch_argmax_logprob(dlg, N, V, V, dt, dl, dpart, 0, dit, dkeys);
   EXPECT_EQ(from_dev(dt, N), tok);
   const float mx = *std::max_element(row.begin(), row.end());
   double z = 0, zt = 0;
@@ -111,7 +116,7 @@ TEST(CudaKernels, GpuSamplingFollowsSoftmax) {
     const double p = std::exp(double(row[v] - mx) / T) / zt, want = n * p;
     EXPECT_LE(std::fabs(count[v] - want), 5 * std::sqrt(want * (1 - p)) + 1) << "id " << v << " p " << p;
   }
-  cudaFree(dlg); cudaFree(dit); cudaFree(dkeys); cudaFree(dt); cudaFree(dl);
+  cudaFree(dlg); cudaFree(dit); cudaFree(dkeys); cudaFree(dt); cudaFree(dl); cudaFree(dpart);
 }
 
 // Exact: top-k picks (lowest index on ties) and the softmax over them, vs a host reference.
