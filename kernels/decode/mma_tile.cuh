@@ -10,8 +10,8 @@
 //   bf16 : bytes [16t, 16t+16) of a 32-value segment -> 2 k-steps, values 8t + {0..7}
 //   MXFP4: group t of a 128-value segment (16 bytes, one scale) -> 8 k-steps
 // MXFP4 nibbles become bf16 by bit placement (sign -> bit 15, e1 e0 m -> bits 8..6) and one bf16x2
-// multiply by 2^(scale-1), which is exact; within a k-step the fragment pairs hold values (4s, 4s+2)
-// and (4s+1, 4s+3), so MXFP4 activations are staged with each quad permuted as (x0, x2, x1, x3).
+// multiply by 2^(scale-1), which is exact; the fragment pairs of an 8-value word are (0,4) (1,5) then
+// (2,6) (3,7) (see group_mxfp4), so MXFP4 activations are staged in that order.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -121,12 +121,13 @@ __device__ __forceinline__ void group_mxfp4(const uint4& wa, const uint4& wb, ui
   const uint32_t a[4] = {wa.x, wa.y, wa.z, wa.w}, b[4] = {wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
+    // Word q holds values 8q..8q+7 (byte i: 8q+2i low nibble, 8q+2i+1 high). The nibbles of bytes
+    // 0 and 2 (then 1 and 3, after a shift) sit 16 bits apart, so they convert in place: the pairs
+    // (v0,v4) (v1,v5) feed the first k-step and (v2,v6) (v3,v7) the second; x is staged to match.
     const uint4 x = *reinterpret_cast<const uint4*>(xg + 8 * q);
-    uint32_t ta = __byte_perm(a[q], 0, 0x4140), tb = __byte_perm(b[q], 0, 0x4140);
-    mma_16816(c, bf16x2_mul(fp4_lo(ta), ma), bf16x2_mul(fp4_lo(tb), mb), bf16x2_mul(fp4_hi(ta), ma),
-              bf16x2_mul(fp4_hi(tb), mb), x.x, x.y);
-    ta = __byte_perm(a[q], 0, 0x4342);
-    tb = __byte_perm(b[q], 0, 0x4342);
+    mma_16816(c, bf16x2_mul(fp4_lo(a[q]), ma), bf16x2_mul(fp4_lo(b[q]), mb), bf16x2_mul(fp4_hi(a[q]), ma),
+              bf16x2_mul(fp4_hi(b[q]), mb), x.x, x.y);
+    const uint32_t ta = a[q] >> 8, tb = b[q] >> 8;
     mma_16816(c, bf16x2_mul(fp4_lo(ta), ma), bf16x2_mul(fp4_lo(tb), mb), bf16x2_mul(fp4_hi(ta), ma),
               bf16x2_mul(fp4_hi(tb), mb), x.z, x.w);
   }

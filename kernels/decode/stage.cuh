@@ -14,11 +14,11 @@ constexpr int kMaxDecodeTokens = 8;   // one n=8 fragment column per token
 constexpr int kTopK = 4;
 
 
-// 8 fp32 values -> one 16-byte staged chunk; permute swaps positions 1 and 2 of each quad.
+// 8 fp32 values -> one 16-byte staged chunk; permute: the MXFP4 order (0,4) (1,5) (2,6) (3,7).
 __device__ __forceinline__ uint4 pack8(const float (&v)[8], bool permute) {
   if (permute)
-    return make_uint4(pack_bf16x2(v[0], v[2]), pack_bf16x2(v[1], v[3]), pack_bf16x2(v[4], v[6]),
-                      pack_bf16x2(v[5], v[7]));
+    return make_uint4(pack_bf16x2(v[0], v[4]), pack_bf16x2(v[1], v[5]), pack_bf16x2(v[2], v[6]),
+                      pack_bf16x2(v[3], v[7]));
   return make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]),
                     pack_bf16x2(v[6], v[7]));
 }
@@ -105,9 +105,9 @@ __device__ inline void stage_bf16_rows(RowOf row_of, int M, int K, bool permute,
     const int n = i / chunks, k = (i % chunks) * 8;
     const uint16_t* src = row_of(n);
     uint4 w = src ? *reinterpret_cast<const uint4*>(src + k) : make_uint4(0, 0, 0, 0);
-    if (permute) {  // bf16 pairs (0,1)(2,3) -> (0,2)(1,3) within each quad
-      const uint32_t x = __byte_perm(w.x, w.y, 0x5410), y = __byte_perm(w.x, w.y, 0x7632);
-      const uint32_t z = __byte_perm(w.z, w.w, 0x5410), u = __byte_perm(w.z, w.w, 0x7632);
+    if (permute) {  // bf16 pairs (0,1)(2,3)(4,5)(6,7) -> (0,4)(1,5)(2,6)(3,7), the MXFP4 order
+      const uint32_t x = __byte_perm(w.x, w.z, 0x5410), y = __byte_perm(w.x, w.z, 0x7632);
+      const uint32_t z = __byte_perm(w.y, w.w, 0x5410), u = __byte_perm(w.y, w.w, 0x7632);
       w = make_uint4(x, y, z, u);
     }
     *reinterpret_cast<uint4*>(xs + n * ld + staged_at(k)) = w;
