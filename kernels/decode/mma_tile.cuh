@@ -89,7 +89,6 @@ struct Bf16PipeT {
       }
   }
 };
-using Bf16Pipe = Bf16PipeT<4>;
 
 template <int U>
 __device__ __forceinline__ void bf16_batch_mma(const uint4 (&wa)[U], const uint4 (&wb)[U], const uint16_t* x_row, int s,
@@ -157,7 +156,6 @@ struct Mxfp4PipeT {
     }
   }
 };
-using Mxfp4Pipe = Mxfp4PipeT<4>;
 
 // c += W[rowA|rowB] . x over 128-value segments [s0, s1) (the last may be partial), p.load(s0) issued.
 template <int U>

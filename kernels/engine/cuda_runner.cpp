@@ -206,9 +206,8 @@ void CudaRunner::plan_memory() {
   auto lay = [&](int32_t* base, StepMeta& m) {
     m.tok = base; m.pos = base + T_; m.slot = base + 2 * T_; m.bt_off = base + 3 * T_; m.srow = base + 4 * T_;
     m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_;
-    const int key_off = (7 * T_ + 1) & ~1;  // even: the 64-bit keys stay 8-byte aligned
-    m.sample_key = reinterpret_cast<uint64_t*>(base + key_off);
-    m.inv_temp = reinterpret_cast<float*>(base + key_off + 2 * S_);
+    m.sample_key = reinterpret_cast<uint64_t*>(base + meta_key_off());
+    m.inv_temp = reinterpret_cast<float*>(base + meta_key_off() + 2 * S_);
     m.bt = base + meta_tail();
   };
   lay(hm, hmeta_);

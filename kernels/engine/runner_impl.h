@@ -76,7 +76,8 @@ class CudaRunner final : public CudaRunnerBase {
   void final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
   // int32 words of the step metadata before the block tables: 7 token arrays, then (at an even
   // offset) the 64-bit sample keys and the inverse temperatures of the sampled rows.
-  int meta_tail() const { return ((7 * T_ + 1) & ~1) + 3 * S_; }
+  int meta_key_off() const { return (7 * T_ + 1) & ~1; }  // even: the 64-bit keys stay 8-byte aligned
+  int meta_tail() const { return meta_key_off() + 3 * S_; }
   void run_decode_graph(int M);
 
   // Kernel timing for `bench --breakdown` (eager steps only).
