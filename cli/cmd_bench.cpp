@@ -23,7 +23,7 @@ struct BenchOptions {
   std::vector<int> pp{512}, tg{128}, batch{1};
   int depth = 0, reps = 5;
   int prefill_min_tokens = -1;  // -1: the engine's default
-  bool json = false, breakdown = false, no_graphs = false;
+  bool json = false, breakdown = false, no_graphs = false, layered = false;
   float gpu_mem = 0.9f;
 };
 
@@ -113,6 +113,7 @@ void run_bench(const BenchOptions& o) {
   eo.max_num_seqs = max_b;
   eo.max_tokens_per_step = std::max({max_b, 2048});
   if (o.prefill_min_tokens >= 0) eo.prefill_min_tokens = o.prefill_min_tokens;
+  eo.persistent_decode = !o.layered;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -241,6 +242,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "JSON output");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
+  cmd->add_flag("--layered-decode", o->layered,
+                "decode with six kernels per layer instead of the persistent step kernel (--breakdown always does)");
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

@@ -2,209 +2,24 @@
 
 #include <string>
 
+#include "kernels/attention_decode/attention_decode_body.cuh"
 #include "kernels/common/cuda_check.h"
-#include "kernels/common/device_math.cuh"
-#include "kernels/common/l2_prefetch.cuh"
 #include "kernels/common/pdl.cuh"
 
 namespace mx::cuda {
 namespace {
 
-constexpr int G = kAttnDecodeGroup, S = kAttnDecodeSplits, kWarps = 4;
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ uint16_t to_bf(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// Scores are kept in log2 units: q is pre-scaled by log2(e) / sqrt(D).
 template <int D>
 __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
-  __shared__ float qs[G][D];
-  __shared__ float wm[kWarps][G], wl[kWarps][G], wo[kWarps][G][D];
-  __shared__ bool last;
-  const int kvh = blockIdx.x, qi = blockIdx.y, split = blockIdx.z;
-  l2_prefetch_slice(p.l2_prefetch, p.l2_prefetch_bytes, (split * gridDim.y + qi) * gridDim.x + kvh,
-                    gridDim.x * gridDim.y * gridDim.z);
-  // Rows, positions and block tables come from the step's metadata copy, not from the kernel before.
-  const int n = p.rows ? p.rows[qi] : qi;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int pos = p.pos[n], lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
-  const int per = max(kWarps * 32, ((nk + S - 1) / S + 31) & ~31);
-  const int nsplit = min(S, (nk + per - 1) / per);
-  if (split >= nsplit && nsplit == 1) return;  // one split: no partials, no ticket
-  const int begin = lo + split * per, end = min(pos + 1, begin + per);
-  const int kvd = p.Hkv * D;
-  const int32_t* bt = p.block_tables + p.bt_off[n];
-
-  // The K row of key c + lane and the V rows of keys c..c+31, all in flight together. With
-  // kv_stable, keys before `pos` are final, so the first chunk is issued before pdl_wait (it overlaps
-  // the qkv kernel's tail) and only the current key is fetched after it.
-  uint4 kk[D / 8];
-  uint32_t vv[32];
-  size_t row = 0;
-  bool valid = false;
-  auto issue = [&](int c, bool skip_current) {
-    const int j = c + lane;
-    valid = j < end;
-    row = valid ? size_t(bt[j / p.block_size]) * p.block_size + j % p.block_size : 0;
-    const bool load_k = valid && !(skip_current && j == pos);
-    const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) kk[i] = load_k ? *reinterpret_cast<const uint4*>(kp + 8 * i) : make_uint4(0, 0, 0, 0);
-    const int nv = min(32, end - c);
-#pragma unroll
-    for (int jj = 0; jj < 32; ++jj) {
-      const size_t r = __shfl_sync(0xffffffffu, row, jj);
-      const bool load_v = jj < nv && 2 * lane < D && !(skip_current && c + jj == pos);
-      vv[jj] = load_v ? *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane) : 0u;
-    }
-  };
-  int c0 = begin + warp * 32;
-  const bool early = p.kv_stable && c0 < end;
-  if (early) issue(c0, true);
-  pdl_wait();
-  pdl_launch_dependents();
-  if (early && pos < c0 + 32) {  // the current key, written by the kernel before
-    if (c0 + lane == pos) {
-      const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) kk[i] = *reinterpret_cast<const uint4*>(kp + 8 * i);
-    }
-    const size_t r = __shfl_sync(0xffffffffu, row, pos - c0);
-#pragma unroll
-    for (int jj = 0; jj < 32; ++jj)
-      if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane);
-  }
-  const float qscale = kLog2e * rsqrtf(float(D));
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x)
-    qs[i / D][i % D] = p.q[size_t(n) * p.q_stride + size_t(kvh * G) * D + i] * qscale;
-  __syncthreads();
-
-  float m[G], l[G], o[G][2];
-  for (int h = 0; h < G; ++h) { m[h] = -INFINITY; l[h] = 0.f; o[h][0] = o[h][1] = 0.f; }
-  for (; c0 < end; c0 += kWarps * 32) {
-    if (!early || c0 != begin + warp * 32) issue(c0, false);
-    float s[G];
-    for (int h = 0; h < G; ++h) s[h] = 0.f;
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      const uint32_t w[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
-      float kf[8];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) { kf[2 * u] = __uint_as_float(w[u] << 16); kf[2 * u + 1] = __uint_as_float(w[u] & 0xffff0000u); }
-#pragma unroll
-      for (int h = 0; h < G; ++h)
-#pragma unroll
-        for (int u = 0; u < 8; ++u) s[h] += qs[h][8 * i + u] * kf[u];
-    }
-    float pj[G];
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      const float sv = valid ? s[h] : -INFINITY;
-      const float mn = fmaxf(m[h], warp_max(sv));  // finite: the chunk has a valid key
-      const float corr = exp2f(m[h] - mn);
-      pj[h] = exp2f(sv - mn);
-      l[h] = l[h] * corr + warp_sum(pj[h]);
-      o[h][0] *= corr;
-      o[h][1] *= corr;
-      m[h] = mn;
-    }
-#pragma unroll
-    for (int jj = 0; jj < 32; ++jj) {
-      const float v0 = __uint_as_float(vv[jj] << 16), v1 = __uint_as_float(vv[jj] & 0xffff0000u);
-#pragma unroll
-      for (int h = 0; h < G; ++h) {
-        const float w = __shfl_sync(0xffffffffu, pj[h], jj);  // zero past nv (invalid keys)
-        o[h][0] += w * v0;
-        o[h][1] += w * v1;
-      }
-    }
-  }
-  if (lane == 0)
-    for (int h = 0; h < G; ++h) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
-  if (2 * lane < D)
-    for (int h = 0; h < G; ++h) { wo[warp][h][2 * lane] = o[h][0]; wo[warp][h][2 * lane + 1] = o[h][1]; }
-  __syncthreads();
-
-  if (nsplit == 1) {  // the whole context in this CTA: normalize with the sink and write out
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-      const int h = i / D, d = i % D;
-      const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
-      float mx = sink;
-      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
-      float acc = 0.f, sum = exp2f(sink - mx);
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = wm[w][h] == -INFINITY ? 0.f : exp2f(wm[w][h] - mx);
-        acc += f * wo[w][h][d];
-        sum += f * wl[w][h];
-      }
-      p.out[size_t(n) * p.Hq * D + size_t(kvh * G + h) * D + d] = to_bf(acc / sum);
-    }
-    return;
-  }
-  // This split's partial: (max, sum, unnormalized output) per head.
-  float* part = p.partials + (size_t(qi) * p.Hkv + kvh) * S * (2 * G + G * D);
-  float* mine = part + size_t(split) * (2 * G + G * D);
-  for (int i = threadIdx.x; begin < end && i < G * D; i += blockDim.x) {
-    const int h = i / D, d = i % D;
-    float mx = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
-    float acc = 0.f, sum = 0.f;
-    if (mx != -INFINITY)
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = exp2f(wm[w][h] - mx);
-        acc += f * wo[w][h][d];
-        sum += f * wl[w][h];
-      }
-    mine[2 * G + i] = acc;
-    if (d == 0) { mine[h] = mx; mine[G + h] = sum; }
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&p.tickets[qi * p.Hkv + kvh], 1) == S - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  // Merge the active splits: (max, sum) of all splits into shared memory first, so the output loop
-  // issues its S loads together instead of one dependent L2 round trip each.
-  __shared__ float fm[S][G], fl[S][G], den[G];
-  const int stride = 2 * G + G * D;
-  for (int i = threadIdx.x; i < nsplit * G; i += blockDim.x) {
-    fm[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + i % G);
-    fl[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + G + i % G);
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int h = threadIdx.x;
-    const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
-    float mx = sink;
-    for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
-    float dn = exp2f(sink - mx);
-    for (int sp = 0; sp < nsplit; ++sp) {
-      const float f = fm[sp][h] == -INFINITY ? 0.f : exp2f(fm[sp][h] - mx);
-      dn += f * fl[sp][h];
-      fm[sp][h] = f;  // now the split's weight
-    }
-    den[h] = dn;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int h = i / D, d = i % D;
-    float acc = 0.f;
-#pragma unroll 4
-    for (int sp = 0; sp < nsplit; ++sp) acc += fm[sp][h] * __ldcg(part + size_t(sp) * stride + 2 * G + i);
-    p.out[size_t(n) * p.Hq * D + size_t(kvh * G + h) * D + d] = to_bf(acc / den[h]);
-  }
-  if (threadIdx.x == 0) p.tickets[qi * p.Hkv + kvh] = 0;  // ready for the next launch / graph replay
+  body::attn_decode<D>(p, blockIdx.x, blockIdx.y, blockIdx.z, (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x,
+                       gridDim.x * gridDim.y * gridDim.z, PdlWait{});
 }
 
 }  // namespace
 
 void attention_decode(const AttnDecodeParams& p, cudaStream_t s) {
-  if (p.Hq != G * p.Hkv) throw_error("attention_decode: needs 8 query heads per KV head");
-  const dim3 grid(p.Hkv, p.M, S);
+  if (p.Hq != kAttnDecodeGroup * p.Hkv) throw_error("attention_decode: needs 8 query heads per KV head");
+  const dim3 grid(p.Hkv, p.M, kAttnDecodeSplits);
   if (p.D == 64) launch_pdl(attn_decode_k<64>, grid, dim3(128), 0, s, p);
   else if (p.D == 16) launch_pdl(attn_decode_k<16>, grid, dim3(128), 0, s, p);
   else throw_error("attention_decode: head_dim " + std::to_string(p.D) + " is not instantiated (16, 64)");

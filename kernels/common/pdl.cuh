@@ -22,6 +22,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// The wait hook of kernel bodies shared with the persistent decode step (see kernels/decode/*_body.cuh):
+// in their own grids they wait for the kernel before and let the next one launch.
+struct PdlWait {
+  __device__ __forceinline__ void operator()() const {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+};
+
 template <class... KArgs, class... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg = {};

@@ -1,7 +1,5 @@
-// MXFP4 expert kernels of the decode step. grid = (tile groups, distinct-expert slot). Every CTA
-// recomputes the routing of the step's M <= 8 tokens from the router logits (top-4 on raw logits,
-// lowest index on ties, softmax over the four), which is cheaper than a kernel boundary, and works on
-// one distinct expert so its weight tiles are read once for all the tokens that chose it.
+// MXFP4 expert kernels of the decode step as their own grids: (row-tile CTAs, distinct-expert slot).
+// Bodies and routing in moe_body.cuh.
 #include "kernels/decode/decode_gemv.h"
 
 #include <algorithm>
@@ -10,181 +8,30 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
-#include "kernels/decode/mma_tile.cuh"
-#include "kernels/decode/stage.cuh"
+#include "kernels/decode/moe_body.cuh"
 
 namespace mx::cuda {
 namespace {
 using namespace mma;
+using namespace body;
 
-constexpr int kWarps = 4;
-constexpr int kMaxSlots = kMaxDecodeTokens * kTopK;
-// Weight segments in flight per warp. Deeper batches (6) measured slower than 4 here: the MXFP4
-// kernels are as much ALU- as latency-bound. __launch_bounds__(128, 3) lets them use up to 168
-// registers (both grids need under 3 CTAs per SM).
-constexpr int kFc1U = 4, kFc2U = 4;
-
-struct Routing {
-  int idx[kMaxDecodeTokens][kTopK];
-  float w[kMaxDecodeTokens][kTopK];
-  int experts[kMaxSlots];  // distinct experts in order of first use (token-major)
-  int count;
-};
-
-
-// One warp per token: four rounds of a warp argmax over the not-yet-chosen logits.
-__device__ void route_tokens(const float* logits, int splits, int M, int E, Routing& r) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int n = warp; n < M; n += blockDim.x >> 5) {
-    float v[4];
-    bool used[4];
-    for (int i = 0; i < 4; ++i) {
-      const int e = lane + 32 * i;
-      float x = -INFINITY;
-      if (e < E) {
-        x = 0.f;
-        for (int k = 0; k < splits; ++k) x += logits[(size_t(k) * M + n) * E + e];
-      }
-      v[i] = x == x ? x : -INFINITY;  // a NaN logit never wins
-      used[i] = e >= E;
-    }
-    float val[kTopK];
-    int sel[kTopK];
-    for (int j = 0; j < kTopK; ++j) {
-      float bv = -INFINITY;
-      int be = 0x7fffffff;
-      for (int i = 0; i < 4; ++i) {
-        const int e = lane + 32 * i;
-        if (!used[i] && (v[i] > bv || (v[i] == bv && e < be))) { bv = v[i]; be = e; }
-      }
-      for (int o = 16; o; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (ov > bv || (ov == bv && oe < be)) { bv = ov; be = oe; }
-      }
-      if ((be & 31) == lane) used[be >> 5] = true;
-      sel[j] = be;
-      val[j] = bv;
-    }
-    if (lane == 0) {
-      float z = 0.f, ex[kTopK];
-      for (int j = 0; j < kTopK; ++j) z += (ex[j] = expf(val[j] - val[0]));
-      for (int j = 0; j < kTopK; ++j) {
-        r.idx[n][j] = sel[j];
-        r.w[n][j] = ex[j] / z;
-      }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int c = 0;
-    for (int n = 0; n < M; ++n)
-      for (int j = 0; j < kTopK; ++j) {
-        const int e = r.idx[n][j];
-        int u = 0;
-        while (u < c && r.experts[u] != e) ++u;
-        if (u == c) r.experts[c++] = e;
-      }
-    r.count = c;
-  }
-  __syncthreads();
-}
-
-// The weight rows (rA, rB) of expert matrix [*, K] in MXFP4 for split kp of KSPLIT; first batch issued.
-template <int KSPLIT, int U>
-__device__ __forceinline__ Mxfp4PipeT<U> expert_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA, size_t rB,
-                                                 int K, int kp, int t, int& s0) {
-  const int groups = K / 32, segs = (groups + 3) / 4;
-  s0 = segs * kp / KSPLIT;
-  Mxfp4PipeT<U> pipe{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups,
-                 scales + rB * groups, segs * (kp + 1) / KSPLIT, groups, t};
-  pipe.load(s0);
-  return pipe;
-}
-
-__device__ __forceinline__ int slot_of(const Routing& r, int n, int e) {
-  for (int j = 0; j < kTopK; ++j)
-    if (r.idx[n][j] == e) return j;
-  return -1;
-}
-
-template <int KSPLIT>
 __global__ void __launch_bounds__(128, 3) fc1_k(MoeDecodeParams p) {
-  extern __shared__ __align__(16) uint16_t xs[];
-  __shared__ float red[kWarps * 32 * 4];
+  __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
   pdl_wait();  // the experts to read depend on the router, the kernel just before
   pdl_launch_dependents();
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
-  if (int(blockIdx.y) >= r.count) return;  // uniform: fewer distinct experts than slots
-  const int e = r.experts[blockIdx.y], H = p.H, I = p.I;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.x * (kWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = I / 8;
-  // Fragment rows g / g+8 are gate row 2i / up row 2i+1 of activation i: SwiGLU meets in one thread.
-  const int i = min(tile, ntiles - 1) * 8 + g;
-  const size_t rA = size_t(e) * 2 * I + 2 * i, rB = rA + 1;
-  int s0;
-  Mxfp4PipeT<kFc1U> pipe = expert_pipe<KSPLIT, kFc1U>(p.fc1_blocks, p.fc1_scales, rA, rB, H, kp, t, s0);
-  stage_bf16_rows([&](int n) -> const uint16_t* { return slot_of(r, n, e) >= 0 ? p.xn + size_t(n) * H : nullptr; },
-                  p.M, H, true, xs);
-  __syncthreads();
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  tile_mxfp4_run(pipe, xs + min(g, p.M - 1) * staged_ld(H), s0, c);
-  reduce_ksplit(c, red, KSPLIT);
-  if (kp != 0 || tile >= ntiles) return;
-  const float bg = bf(p.fc1_bias[rA]), bu = bf(p.fc1_bias[rB]);
-  for (int q = 0; q < 2; ++q) {
-    const int n = 2 * t + q;
-    if (n >= p.M) break;
-    const int j = slot_of(r, n, e);
-    if (j < 0) continue;
-    const float gate = fminf(c[q] + bg, p.limit);
-    const float up = fminf(fmaxf(c[2 + q] + bu, -p.limit), p.limit);
-    const float glu = gate / (1.f + expf(-p.alpha * gate));
-    p.act[(size_t(n) * kTopK + j) * I + i] = uint16_t(f32_to_bf16_bits(glu * (up + 1.f)));
-  }
+  if (int(blockIdx.y) < r.count) fc1_swiglu(p, r, blockIdx.x, blockIdx.y, red);  // uniform
 }
 
-template <int KSPLIT>
 __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
-  extern __shared__ __align__(16) uint16_t xs[];
-  __shared__ float red[kWarps * 32 * 4];
+  __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
   // The router finished before FC1 passed its own wait, and FC1 lets this kernel launch only after
   // that: routing and the first weight loads overlap FC1's tail; the wait guards FC1's activations.
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
-  if (int(blockIdx.y) >= r.count) return;
-  const int e = r.experts[blockIdx.y], H = p.H, I = p.I;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.x * (kWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = (H + 15) / 16;
-  const int r0 = min(tile, ntiles - 1) * 16;
-  const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
-  int s0;
-  Mxfp4PipeT<kFc2U> pipe = expert_pipe<KSPLIT, kFc2U>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
-  pdl_wait();
-  pdl_launch_dependents();
-  stage_bf16_rows(
-      [&](int n) -> const uint16_t* {
-        const int j = slot_of(r, n, e);
-        return j >= 0 ? p.act + (size_t(n) * kTopK + j) * I : nullptr;
-      },
-      p.M, I, true, xs);
-  __syncthreads();
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  tile_mxfp4_run(pipe, xs + min(g, p.M - 1) * staged_ld(I), s0, c);
-  reduce_ksplit(c, red, KSPLIT);
-  if (kp != 0 || tile >= ntiles) return;
-  for (int q = 0; q < 4; ++q) {
-    const int n = 2 * t + (q & 1), row = r0 + g + (q >> 1) * 8;
-    if (n >= p.M || row >= H) continue;
-    const int j = slot_of(r, n, e);
-    if (j < 0) continue;
-    p.y_slot[(size_t(n) * kTopK + j) * H + row] = r.w[n][j] * (c[q] + bf(p.fc2_bias[size_t(e) * H + row]));
-  }
+  if (int(blockIdx.y) < r.count) fc2(p, r, blockIdx.x, blockIdx.y, red, PdlWait{});
 }
-
-// FC1 has 4x the rows of FC2: one warp per tile keeps all its warps resident in one wave (126 registers).
-constexpr int kFc1Split = 1, kFc2Split = 2;
 
 template <class K>
 void allow_smem(K kernel) {
@@ -201,20 +48,16 @@ void check(const MoeDecodeParams& p) {
 
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
-  static bool init = (allow_smem(fc1_k<kFc1Split>), true);
+  static bool init = (allow_smem(fc1_k), true);
   (void)init;
-  const int ntiles = p.I / 8, per = kWarps / kFc1Split;
-  const dim3 grid((ntiles + per - 1) / per, std::min(p.M * kTopK, p.E));
-  launch_pdl(fc1_k<kFc1Split>, grid, dim3(128), size_t(p.M) * staged_ld(p.H) * 2, s, p);
+  launch_pdl(fc1_k, dim3(fc1_ctas(p.I), moe_slots(p.M, p.E)), dim3(128), size_t(p.M) * staged_ld(p.H) * 2, s, p);
 }
 
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
-  static bool init = (allow_smem(fc2_k<kFc2Split>), true);
+  static bool init = (allow_smem(fc2_k), true);
   (void)init;
-  const int ntiles = (p.H + 15) / 16, per = kWarps / kFc2Split;
-  const dim3 grid((ntiles + per - 1) / per, std::min(p.M * kTopK, p.E));
-  launch_pdl(fc2_k<kFc2Split>, grid, dim3(128), size_t(p.M) * staged_ld(p.I) * 2, s, p);
+  launch_pdl(fc2_k, dim3(fc2_ctas(p.H), moe_slots(p.M, p.E)), dim3(128), size_t(p.M) * staged_ld(p.I) * 2, s, p);
 }
 
 }  // namespace mx::cuda

@@ -141,7 +141,8 @@ void CudaRunner::plan_memory() {
       T * H * 2, T * c.q_dim() * 2, T * c.q_dim() * 2, T * k * I * 2, S * H * 2,          // bf16
       T * k * 4, T * c.num_kv_heads * 4,                                                  // eidx, tickets
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(moe_max_tiles_) * 4, size_t(moe_max_tiles_) * 4, 4,
-      T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4};
+      T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,
+      cuda::decode_step_counter_words(c.num_layers) * 4, c.num_layers * sizeof(cuda::DecodeStepLayer)};
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
   bt_cap_ = int(S) * ((opt_.max_model_len + opt_.block_size - 1) / opt_.block_size) + T_;
@@ -200,6 +201,16 @@ void CudaRunner::plan_memory() {
   moe_counts_ = i32(); moe_offsets_ = i32(); moe_sorted_tok_ = i32(); moe_sorted_slot_ = i32();
   moe_tile_expert_ = i32(); moe_tile_row0_ = i32(); moe_num_tiles_ = i32(); moe_sorted_w_ = f32();
   argmax_part_ = f32();
+  step_counters_ = reinterpret_cast<unsigned*>(next());
+  step_layers_ = reinterpret_cast<cuda::DecodeStepLayer*>(next());
+  std::vector<cuda::DecodeStepLayer> sl(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DevLayer& d = layers_[l];
+    sl[l] = {d.attn_norm, d.qkv_w, d.qkv_b, d.o_w, d.o_b, d.sinks, d.mlp_norm, d.router_w, d.router_b,
+             d.up_blocks, d.up_scales, d.down_blocks, d.down_scales, d.up_bias, d.down_bias, d.k_cache, d.v_cache,
+             c.layer_is_sliding[l] ? c.sliding_window : 0};
+  }
+  MX_CUDA(cudaMemcpy(step_layers_, sl.data(), sl.size() * sizeof(sl[0]), cudaMemcpyHostToDevice));
   int32_t* dm = reinterpret_cast<int32_t*>(a);
   int32_t* hm = nullptr;
   MX_CUDA(cudaMallocHost(&hm, meta_bytes_));

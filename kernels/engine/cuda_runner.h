@@ -25,7 +25,9 @@ struct CudaEngineOptions {
   // Steps with at least this many tokens run the tensor-core prefill path (cuBLASLt GEMMs, grouped
   // MoE, flash attention); smaller steps run the decode kernels (in chunks of 8 tokens).
   int prefill_min_tokens = 9;
-  bool flash_prefill_attention = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
+  bool flash_prefill_attention = true;
+  // Decode steps (M <= 8) as one persistent kernel (decode_step.h); false: six launches per layer.
+  bool persistent_decode = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
 };
 
 struct CudaLoadStats {

@@ -1,4 +1,5 @@
-// The decode forward: M <= 8 tokens (any mix of sequences), six kernels per layer. The residual
+// The decode forward: M <= 8 tokens (any mix of sequences), one persistent kernel (forward_decode_step)
+// or six kernels per layer. The residual
 // stream ping-pongs between xa_ and xb_: each norm prologue reads x + the previous MoE's per-slot
 // outputs, and its first CTA writes the sum to the other buffer, so no kernel adds the experts up.
 #include <algorithm>
@@ -17,6 +18,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   const int D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
   const StepMeta& m = dmeta_;
   cudaStream_t s = stream_;
+  if (opt_.persistent_decode && !profiling_ && !skip_) return forward_decode_step(t0, M, s0, S, one_token_per_seq);
   const LayerSizes ls(c);
   // Bytes each kernel reads, for the profile (experts: distinct experts expected for M tokens).
   const double touched = expected_distinct_experts(c, M);
@@ -84,6 +86,25 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     y = ysl_;
   }
   if (S > 0 && !(skip_ & kDecodeHead)) final_logits(xin, y, m.srow_local + s0, s0, S);
+}
+
+void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq) {
+  const ModelConfig& c = cfg_;
+  const StepMeta& m = dmeta_;
+  cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, c.hidden_size, stream_);
+  cuda::DecodeStepParams p;
+  p.layers = step_layers_; p.num_layers = c.num_layers;
+  p.xa = xa_; p.xb = xb_; p.y_slot = ysl_; p.q = qkv_; p.attn = attn_;
+  p.attn_partials = attn_part_; p.attn_tickets = tickets_;
+  p.router_logits = router_; p.xn = xn_; p.act = act_bf_; p.counters = step_counters_;
+  p.pos = m.pos + t0; p.slot = m.slot + t0; p.bt_off = m.bt_off + t0; p.block_tables = m.bt;
+  p.inv_freq = inv_freq_; p.concentration = concentration_; p.eps = c.rms_norm_eps;
+  p.alpha = c.swiglu_alpha; p.limit = c.swiglu_limit;
+  p.M = M; p.H = c.hidden_size; p.I = c.intermediate_size; p.E = c.num_experts;
+  p.Hq = c.num_heads; p.Hkv = c.num_kv_heads; p.D = c.head_dim; p.block_size = opt_.block_size;
+  p.kv_stable = one_token_per_seq;
+  cuda::decode_step(p, stream_);
+  if (S > 0) final_logits(cuda::decode_step_output(xa_, xb_, c.num_layers), ysl_, m.srow_local + s0, s0, S);
 }
 
 // Final norm + lm_head + greedy pick for S rows of the current token block (x [*, H], y_slot).

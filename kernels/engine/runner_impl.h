@@ -1,6 +1,6 @@
 // The CUDA runner's state, shared by its three translation units:
 //   cuda_runner.cpp     memory plan, weight upload / dummy fill, step() and CUDA graphs
-//   forward_decode.cpp  the decode forward (M <= 8 tokens): six fused kernels per layer
+//   forward_decode.cpp  the decode forward (M <= 8 tokens): one persistent kernel, or six per layer
 //   forward_prefill.cpp the prefill forward (many tokens): cuBLASLt GEMMs, grouped MoE, flash attention
 #pragma once
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/decode/decode_step.h"
 #include "kernels/engine/cuda_runner.h"
 #include "kernels/gemm/gemm_bf16.h"
 #include "model/sampler.h"
@@ -71,6 +72,9 @@ class CudaRunner final : public CudaRunnerBase {
   // meta srow_local[s0 .. s0 + S) into logits / results slot s0. one_token_per_seq: no two of the
   // M tokens belong to the same sequence.
   void forward_decode(int t0, int M, int s0, int S, bool one_token_per_seq = false);
+  // The same step as one persistent kernel (decode_step.h); forward_decode calls it unless
+  // profiling or leaving kernels out, which need the per-op launches.
+  void forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq);
   // Prefill forward over all M tokens of the step with the sequences' layout.
   void forward_prefill(int M, int S, const std::vector<std::array<int, 3>>& seqs, int n_decode);
   void final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
@@ -97,6 +101,8 @@ class CudaRunner final : public CudaRunnerBase {
   float *xa_, *xb_, *qkv_, *router_, *ew_, *ysl_, *logits_, *dres_, *inv_freq_, *attn_part_, *argmax_part_;
   uint16_t *xn_, *qbf_, *attn_, *act_bf_, *xs_;
   int32_t *eidx_, *tickets_;
+  unsigned* step_counters_ = nullptr;               // ready counters of the persistent decode step
+  cuda::DecodeStepLayer* step_layers_ = nullptr;    // its per-layer pointers (device)
   // grouped-MoE routing scratch (prefill)
   int32_t *moe_counts_, *moe_offsets_, *moe_sorted_tok_, *moe_sorted_slot_, *moe_tile_expert_, *moe_tile_row0_,
       *moe_num_tiles_;

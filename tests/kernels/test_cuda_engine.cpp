@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <vector>
@@ -154,8 +155,7 @@ TEST(CudaKernels, TopkSoftmaxMatchesReference) {
 // and KV cache vs the reference's fp32), greedy argmax equal.
 struct E2eResult { double worst = 0, worst_first = 0; int agree = 0, total = 0; };
 
-E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
-                  int prefill_min_tokens = 1 << 30, bool flash = true) {
+std::string e2e_fixture(const char* preset) {
   namespace fs = std::filesystem;
   const std::string dir = (fs::temp_directory_path() / (std::string("mx_cuda_e2e_") + preset)).string();
   if (!fs::exists(dir + "/config.json")) {
@@ -165,6 +165,12 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
     fo.out_dir = dir;
     mx::write_fixture(fo);
   }
+  return dir;
+}
+
+E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
+                  int prefill_min_tokens = 1 << 30, bool flash = true) {
+  const std::string dir = e2e_fixture(preset);
   mx::ModelConfig cfg = mx::load_model_config(dir);
   mx::Checkpoint ck = mx::Checkpoint::open(dir);
   mx::ModelWeights w = mx::bind_weights(ck, cfg);
@@ -270,5 +276,65 @@ TEST(CudaRunner, MiniPrefillAndDecodeMatchCpuReference) {
   auto r = run_e2e("mini", 3, 40, 6, true, 1e-1, 9);
   EXPECT_EQ(r.agree, r.total);
 }
+
+// The persistent decode step (one kernel, work items behind ready counters) runs the same kernel
+// bodies as the six launches per layer, so every logit must be equal bit for bit: `nseq` sequences
+// of P prompt tokens, then `steps` decode steps of all of them (M = nseq tokens per step).
+std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, bool persistent, bool graphs) {
+  const std::string dir = e2e_fixture(preset);
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int bs = 4, N = P + steps, nblk = (N + bs - 1) / bs;
+  mx::CudaEngineOptions opt;
+  opt.model_dir = dir;
+  opt.max_model_len = nblk * bs;
+  opt.max_num_seqs = nseq;
+  opt.max_tokens_per_step = std::max(64, nseq * P);
+  opt.num_kv_blocks = nblk * nseq + 2;
+  opt.block_size = bs;
+  opt.keep_logits = true;
+  opt.persistent_decode = persistent;
+  auto gpu = mx::make_cuda_runner(opt);
+  gpu->set_use_graphs(graphs);
+  std::vector<float> all;
+  std::vector<std::vector<int32_t>> bt(nseq);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) bt[s].push_back((nblk - 1 - b) * nseq + s + 1);
+  std::vector<int32_t> toks(N);
+  for (int i = 0; i < N; ++i) toks[i] = (i * 7919 + 13) % cfg.vocab_size;
+  for (int st = 0; st <= steps; ++st) {
+    std::vector<mx::SeqStep> seqs(nseq);
+    for (int s = 0; s < nseq; ++s) {
+      const int t0 = st == 0 ? 0 : P + st - 1, n = st == 0 ? P : 1;
+      seqs[s].seq_id = s;
+      seqs[s].tokens = std::span<const int32_t>(toks.data() + t0, n);
+      seqs[s].start_pos = t0;
+      seqs[s].block_table = bt[s];
+      seqs[s].sample = true;
+      seqs[s].sampling.temperature = 0;
+    }
+    std::vector<mx::SampleResult> out(nseq);
+    gpu->step(seqs, out);
+    for (int s = 0; s < nseq; ++s) {
+      auto g = gpu->last_logits(s);
+      all.insert(all.end(), g.begin(), g.end());
+    }
+  }
+  return all;
+}
+
+void expect_persistent_equals_layered(const char* preset, int nseq, int P, int steps, bool graphs) {
+  const auto want = decode_logits(preset, nseq, P, steps, false, graphs);
+  const auto got = decode_logits(preset, nseq, P, steps, true, graphs);
+  ASSERT_EQ(got.size(), want.size());
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], 4) != 0 && !bad++) first = i;
+  EXPECT_EQ(bad, 0u) << preset << ": first difference at " << first << ": " << got[first] << " vs " << want[first];
+}
+
+TEST(CudaRunner, PersistentDecodeEqualsLayeredTiny) { expect_persistent_equals_layered("tiny", 3, 5, 6, false); }
+TEST(CudaRunner, PersistentDecodeEqualsLayeredMiniGraphs) { expect_persistent_equals_layered("mini", 8, 5, 5, true); }
+// 150-token prompts: the decode attention of the full layers runs two splits and their merge.
+TEST(CudaRunner, PersistentDecodeEqualsLayeredMiniLong) { expect_persistent_equals_layered("mini", 3, 150, 8, false); }
 
 }  // namespace

@@ -1,0 +1,199 @@
+// The persistent decode step (see decode_step.h): one cooperative grid, work items behind ready
+// counters, the per-op kernel bodies.
+#include "kernels/decode/decode_step.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/attention_decode/attention_decode_body.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/decode/gemv_body.cuh"
+#include "kernels/decode/moe_body.cuh"
+
+namespace mx::cuda {
+namespace {
+using namespace body;
+
+// Ready counters of one layer (words): per KV head the qkv tiles done, then the phase totals, then
+// FC1 tiles done per distinct-expert slot. A stride of 64 words keeps layers on separate lines.
+constexpr int kMaxKvHeads = 16;
+constexpr int kAttnDone = 16, kOprojDone = 17, kRouterDone = 18, kFc2Done = 19, kFc1Done = 32, kLayerWords = 64;
+static_assert(kFc1Done + kMaxSlots <= kLayerWords, "counter layout");
+
+// Waits until *c >= target (c null: no wait). One thread polls with acquire loads; the fence after it
+// keeps every thread of the CTA from reading stale L1 lines of data the producers wrote.
+struct FlagWait {
+  const unsigned* c;
+  unsigned target;
+  __device__ __forceinline__ void operator()() const {
+    if (!c) return;
+    if (threadIdx.x == 0) {
+      unsigned v;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+      } while (v < target);
+      __threadfence();
+    }
+    __syncthreads();
+  }
+};
+
+// Publishes this item's writes: every thread's stores are ordered before the count by the barrier
+// and thread 0's fence (the pattern of a grid barrier). Call from every thread; `add` CTA-uniform.
+__device__ __forceinline__ void signal(unsigned* c, bool add = true) {
+  __syncthreads();
+  if (add && threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(c, 1u);
+  }
+}
+
+// Items of one phase: the global sequence position of the phase's first item is `base`; this CTA
+// takes items i with (base + i) % gridDim.x == blockIdx.x.
+__device__ __forceinline__ int first_item(int base) {
+  const int nb = gridDim.x;
+  return ((int(blockIdx.x) - base) % nb + nb) % nb;
+}
+
+template <int D>
+__global__ void __launch_bounds__(128, 3) decode_step_k(DecodeStepParams p) {
+  __shared__ float red[kWarps * 32 * 4];
+  __shared__ Routing route;
+  const int nb = gridDim.x, M = p.M;
+  const int n_qkv = qkv_ctas(p.Hq, p.Hkv, D), qkv_per_head = n_qkv / p.Hkv;
+  const int n_attn = M * p.Hkv * kAttnS, n_oproj = oproj_ctas(p.H);
+  const int router_x = router_ctas(p.E), n_router = router_x * kRouterSplits;
+  const int slots = moe_slots(M, p.E), fc1_x = fc1_ctas(p.I), fc2_x = fc2_ctas(p.H);
+  const int n_fc1 = fc1_x * slots, n_fc2 = fc2_x * slots;
+  int base = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    const DecodeStepLayer& L = p.layers[l];
+    unsigned* cnt = p.counters + size_t(l) * kLayerWords;
+    float* xin = l % 2 ? p.xb : p.xa;
+    float* xout = l % 2 ? p.xa : p.xb;
+
+    QkvRopeKvParams q;
+    q.res = {xin, l ? p.y_slot : nullptr, xout};
+    q.norm_w = L.attn_norm; q.eps = p.eps; q.w = L.qkv_w; q.bias = L.qkv_b;
+    q.pos = p.pos; q.slot = p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
+    q.q_out = p.q; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
+    q.M = M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
+    const FlagWait after_prev{l ? cnt - kLayerWords + kFc2Done : nullptr, unsigned(n_fc2)};
+    for (int i = first_item(base); i < n_qkv; i += nb) {
+      qkv_rope_kv<kQkvSplit>(q, i, red, after_prev);
+      signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
+    }
+    base += n_qkv;
+
+    AttnDecodeParams a;
+    a.q = p.q; a.q_stride = p.Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
+    a.pos = p.pos; a.bt_off = p.bt_off; a.block_tables = p.block_tables; a.sinks = L.sinks; a.out = p.attn;
+    a.partials = p.attn_partials; a.tickets = p.attn_tickets;
+    a.M = M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
+    a.kv_stable = p.kv_stable;
+    if (p.l2_prefetch) {  // o-proj, norm and router weights: one contiguous range of the layer's arena
+      a.l2_prefetch = L.o_w;
+      a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + p.E) - reinterpret_cast<const char*>(L.o_w));
+    }
+    for (int i = first_item(base); i < n_attn; i += nb) {
+      const int kvh = i % p.Hkv, qi = i / p.Hkv % M, split = i / (p.Hkv * M);
+      const bool done = attn_decode<D>(a, kvh, qi, split, i, n_attn, FlagWait{cnt + kvh, unsigned(qkv_per_head)});
+      signal(cnt + kAttnDone, done);
+    }
+    base += n_attn;
+
+    const GemvParams o{p.attn, L.o_w, L.o_b, xout, M, p.H, p.Hq * D, true};
+    for (int i = first_item(base); i < n_oproj; i += nb) {
+      gemv<kOprojSplit, kOprojU>(o, i, red, FlagWait{cnt + kAttnDone, unsigned(M * p.Hkv)});
+      signal(cnt + kOprojDone);
+    }
+    base += n_oproj;
+
+    RouterParams r;
+    r.res = {xout, nullptr, nullptr};
+    r.norm_w = L.mlp_norm; r.eps = p.eps; r.w = L.router_w; r.bias = L.router_b;
+    r.logits = p.router_logits; r.xn = p.xn; r.M = M; r.E = p.E; r.H = p.H;
+    for (int i = first_item(base); i < n_router; i += nb) {
+      router<kRouterSplit>(r, i % router_x, i / router_x, red, FlagWait{cnt + kOprojDone, unsigned(n_oproj)});
+      signal(cnt + kRouterDone);
+    }
+    base += n_router;
+
+    MoeDecodeParams e;
+    e.router_logits = p.router_logits; e.router_splits = kRouterSplits;
+    e.fc1_blocks = L.up_blocks; e.fc1_scales = L.up_scales; e.fc1_bias = L.up_bias;
+    e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
+    e.xn = p.xn; e.act = p.act; e.y_slot = p.y_slot;
+    e.M = M; e.E = p.E; e.H = p.H; e.I = p.I; e.alpha = p.alpha; e.limit = p.limit;
+    // The routing, once per CTA and layer, as soon as the router is done.
+    bool routed = false;
+    auto ensure_routed = [&]() {
+      if (routed) return;
+      FlagWait{cnt + kRouterDone, unsigned(n_router)}();
+      route_tokens(p.router_logits, kRouterSplits, M, p.E, route);
+      routed = true;
+    };
+    for (int i = first_item(base); i < n_fc1; i += nb) {
+      ensure_routed();
+      const int slot = i / fc1_x;
+      if (slot < route.count) fc1_swiglu(e, route, i % fc1_x, slot, red);
+      signal(cnt + kFc1Done + slot);
+    }
+    base += n_fc1;
+    for (int i = first_item(base); i < n_fc2; i += nb) {
+      ensure_routed();
+      const int slot = i / fc2_x;
+      if (slot < route.count) fc2(e, route, i % fc2_x, slot, red, FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
+      signal(cnt + kFc2Done);
+    }
+    base += n_fc2;
+  }
+}
+
+size_t smem_bytes(const DecodeStepParams& p) {
+  const int K = std::max(std::max(p.H, p.I), p.Hq * p.D);
+  return size_t(p.M) * mma::staged_ld(K) * 2;
+}
+
+template <int D>
+void launch(const DecodeStepParams& p, cudaStream_t s) {
+  static int per_sm[kDecodeMaxTokens + 1] = {};  // resident CTAs per SM, by M
+  static int sms = 0;
+  const size_t smem = smem_bytes(p);
+  if (!per_sm[p.M]) {
+    MX_CUDA(cudaFuncSetAttribute(decode_step_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+    int dev = 0;
+    MX_CUDA(cudaGetDevice(&dev));
+    MX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[p.M], decode_step_k<D>, 128, smem));
+    if (per_sm[p.M] < 1) throw_error("decode_step: the kernel does not fit on an SM");
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(per_sm[p.M] * sms);
+  cfg.blockDim = dim3(128);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;  // all CTAs resident, or the launch fails
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  MX_CUDA(cudaLaunchKernelEx(&cfg, decode_step_k<D>, p));
+}
+
+}  // namespace
+
+size_t decode_step_counter_words(int num_layers) { return size_t(num_layers) * kLayerWords; }
+
+void decode_step(const DecodeStepParams& p, cudaStream_t s) {
+  if (p.M < 1 || p.M > kDecodeMaxTokens) throw_error("decode_step: M must be 1..8, got " + std::to_string(p.M));
+  if (p.Hkv > kMaxKvHeads || p.Hq != kAttnDecodeGroup * p.Hkv)
+    throw_error("decode_step: needs at most 16 KV heads of 8 query heads each");
+  if (p.E < kTopK || p.E > 128 || p.H % 32 || p.I % 32) throw_error("decode_step: unsupported expert shapes");
+  MX_CUDA(cudaMemsetAsync(p.counters, 0, decode_step_counter_words(p.num_layers) * 4, s));
+  if (p.D == 64) launch<64>(p, s);
+  else if (p.D == 16) launch<16>(p, s);
+  else throw_error("decode_step: head_dim " + std::to_string(p.D) + " is not instantiated (16, 64)");
+}
+
+}  // namespace mx::cuda

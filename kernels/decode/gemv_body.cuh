@@ -1,0 +1,186 @@
+// Bodies of the dense (BF16-weight) decode kernels as device functions, shared by their own grids
+// (decode_gemv.cu: one kernel per op, programmatic dependent launch) and by the persistent decode-step
+// kernel (decode_step.cu: work items behind ready counters). A body gets its CTA coordinates as
+// arguments and calls wait() at the point where everything before is independent of the kernels
+// before it (in practice: after issuing the first weight loads).
+// CTA = 4 warps; a 16-row tile is computed by KSPLIT warps that split K and add their partials.
+#pragma once
+#include "kernels/common/device_math.cuh"
+#include "kernels/decode/decode_gemv.h"
+#include "kernels/decode/mma_tile.cuh"
+#include "kernels/decode/stage.cuh"
+
+namespace mx::cuda::body {
+using namespace mma;
+
+constexpr int kWarps = 4;
+// Weight segments each warp keeps in flight (registers). All CTAs of these grids fit in one wave, so
+// the registers of a deeper batch cost no occupancy: 8 segments (162 / 160 registers) measured
+// +4 % on the 120b decode step over 4 (docs/perf.md, 2026-11-23).
+constexpr int kQkvU = 8, kOprojU = 8;
+constexpr int kQkvSplit = 4, kOprojSplit = 4, kRouterSplit = 4, kLmHeadSplit = 1;
+
+// y (+)= W . x + bias: the plain GEMV behind lm_head (no bias), o-proj (accumulates into the
+// residual) and the generic small-M entry point.
+struct GemvParams {
+  const uint16_t* x; const uint16_t* w; const uint16_t* bias; float* y; int M, N, K; bool accumulate;
+};
+
+// CTAs of each grid (one tile of 16 rows per KSPLIT warps).
+__host__ __device__ inline int tiles_ctas(int ntiles, int ksplit) {
+  const int per = kWarps / ksplit;
+  return (ntiles + per - 1) / per;
+}
+__host__ __device__ inline int qkv_ctas(int Hq, int Hkv, int D) { return tiles_ctas((Hq + 2 * Hkv) * D / 16, kQkvSplit); }
+__host__ __device__ inline int oproj_ctas(int N) { return tiles_ctas((N + 15) / 16, kOprojSplit); }
+__host__ __device__ inline int router_ctas(int E) { return tiles_ctas((E + 15) / 16, kRouterSplit); }
+
+__device__ __forceinline__ uint16_t to_bf(float f) { return uint16_t(f32_to_bf16_bits(f)); }
+
+__device__ __forceinline__ ResidualIn residual_in(const DecodeResidual& r, bool first_cta) {
+  return ResidualIn{r.x, r.y_slot, first_cta ? r.x_out : nullptr};
+}
+
+// Rows [s0, s1) of the K split of warp `kp` (in 32-value segments).
+__device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s0, int& s1) {
+  s0 = segs * kp / ksplit;
+  s1 = segs * (kp + 1) / ksplit;
+}
+
+// rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
+template <int KSPLIT, class Wait>
+__device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, float* red, Wait wait) {
+  extern __shared__ __align__(16) uint16_t xs[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = cta * (kWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT;
+  const int dq = p.D / 16, ntiles = (p.Hq + 2 * p.Hkv) * dq;
+  const int tl = min(tile, ntiles - 1);
+  // Fragment rows g / g+8 are head dims d and d + D/2: the RoPE pair meets in one thread.
+  const int h = tl / dq, d = 8 * (tl % dq) + g, half = p.D / 2;
+  const int rA = h * p.D + d, rB = rA + half;
+  int s0, s1;
+  split_range(p.H / 32, kp, KSPLIT, s0, s1);
+  Bf16PipeT<kQkvU> pipe{{}, {}, p.w + size_t(rA) * p.H, p.w + size_t(rB) * p.H, s1, t};
+  pipe.load(s0);
+  wait();
+  const bool first = cta == 0;
+  stage_rmsnorm(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
+  __syncthreads();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  tile_bf16_run(pipe, xs + min(g, p.M - 1) * staged_ld(p.H), s0, c);
+  reduce_ksplit(c, red, KSPLIT);
+  if (kp != 0 || tile >= ntiles) return;
+  const float bA = bf(p.bias[rA]), bB = bf(p.bias[rB]);
+  for (int i = 0; i < 2; ++i) {
+    const int n = 2 * t + i;
+    if (n >= p.M) break;
+    float x1 = c[i] + bA, x2 = c[2 + i] + bB;
+    if (h < p.Hq + p.Hkv) {
+      float sn, cs;
+      sincosf(float(p.pos[n]) * p.inv_freq[d], &sn, &cs);
+      cs *= p.concentration;
+      sn *= p.concentration;
+      const float y1 = x1 * cs - x2 * sn, y2 = x2 * cs + x1 * sn;
+      x1 = y1;
+      x2 = y2;
+    }
+    if (h < p.Hq) {
+      float* q = p.q_out + size_t(n) * p.Hq * p.D + h * p.D;
+      q[d] = x1;
+      q[d + half] = x2;
+    } else {
+      const bool is_k = h < p.Hq + p.Hkv;
+      const int kvh = is_k ? h - p.Hq : h - p.Hq - p.Hkv;
+      uint16_t* row = (is_k ? p.k_cache : p.v_cache) + size_t(p.slot[n]) * p.Hkv * p.D + kvh * p.D;
+      row[d] = to_bf(x1);
+      row[d + half] = to_bf(x2);
+    }
+  }
+}
+
+// The KV head whose attention needs qkv CTA `cta`'s output (its tiles lie in one head).
+__device__ __forceinline__ int qkv_cta_kv_head(int cta, int Hq, int Hkv, int D) {
+  const int h = cta * (kWarps / kQkvSplit) / (D / 16);
+  return h < Hq ? h / (Hq / Hkv) : (h < Hq + Hkv ? h - Hq : h - Hq - Hkv);
+}
+
+struct Bf16Rows {
+  const uint16_t* x;
+  int K;
+  __device__ const uint16_t* operator()(int n) const { return x + size_t(n) * K; }
+};
+
+// The plain GEMVs: weight rows of this warp's tile, first batch issued before staging.
+template <int KSPLIT, int U = 4>
+struct PlainTile {
+  Bf16PipeT<U> pipe;
+  int r0, s0, tile, kp, ntiles;
+  // K segments [seg_lo, seg_hi) of 32 values (default: all) are split over the KSPLIT warps.
+  __device__ PlainTile(const uint16_t* w, int N, int K, int cta, int seg_lo = 0, int seg_hi = -1) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    tile = cta * (kWarps / KSPLIT) + warp / KSPLIT;
+    kp = warp % KSPLIT;
+    ntiles = (N + 15) / 16;
+    r0 = min(tile, ntiles - 1) * 16;
+    const int rA = min(r0 + g, N - 1), rB = min(r0 + g + 8, N - 1);
+    if (seg_hi < 0) seg_hi = K / 32;
+    int s1;
+    split_range(seg_hi - seg_lo, kp, KSPLIT, s0, s1);
+    s0 += seg_lo;
+    s1 += seg_lo;
+    pipe = Bf16PipeT<U>{{}, {}, w + size_t(rA) * K, w + size_t(rB) * K, s1, t};
+    pipe.load(s0);
+  }
+  // After staging + __syncthreads: the tile's outputs in c; false for warps with nothing to write.
+  __device__ bool run(const uint16_t* xs, int M, int K, float* red, float (&c)[4]) {
+    const int g = (threadIdx.x & 31) >> 2;
+    tile_bf16_run(pipe, xs + min(g, M - 1) * staged_ld(K), s0, c);
+    reduce_ksplit(c, red, KSPLIT);
+    return kp == 0 && tile < ntiles;
+  }
+};
+
+// Calls f(n, row, value) for the lane's valid outputs.
+template <class F>
+__device__ __forceinline__ void for_outputs(const float (&c)[4], int r0, int N, int M, F f) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < 4; ++i) {
+    const int n = 2 * t + (i & 1), r = r0 + g + (i >> 1) * 8;
+    if (n < M && r < N) f(n, r, c[i]);
+  }
+}
+
+// The router is tiny (E rows): CTAs split K too (ks of kRouterSplits) so it spreads over the GPU; the
+// routing prologue of the expert kernels adds the partials in a fixed order.
+template <int KSPLIT, class Wait>
+__device__ __forceinline__ void router(const RouterParams& p, int cta, int ks, float* red, Wait wait) {
+  extern __shared__ __align__(16) uint16_t xs[];
+  const int segs = p.H / 32;
+  PlainTile<KSPLIT> pt(p.w, p.E, p.H, cta, segs * ks / kRouterSplits, segs * (ks + 1) / kRouterSplits);
+  wait();
+  const bool first = cta == 0 && ks == 0;
+  stage_rmsnorm(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, p.xn);
+  __syncthreads();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  if (!pt.run(xs, p.M, p.H, red, c)) return;
+  for_outputs(c, pt.r0, p.E, p.M, [&](int n, int r, float v) {
+    p.logits[(size_t(ks) * p.M + n) * p.E + r] = v + (ks == 0 ? bf(p.bias[r]) : 0.f);
+  });
+}
+
+template <int KSPLIT, int U, class Wait>
+__device__ __forceinline__ void gemv(const GemvParams& p, int cta, float* red, Wait wait) {
+  extern __shared__ __align__(16) uint16_t xs[];
+  PlainTile<KSPLIT, U> pt(p.w, p.N, p.K, cta);
+  wait();
+  stage_bf16_rows(Bf16Rows{p.x, p.K}, p.M, p.K, false, xs);
+  __syncthreads();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  if (!pt.run(xs, p.M, p.K, red, c)) return;
+  for_outputs(c, pt.r0, p.N, p.M, [&](int n, int r, float v) {
+    float& y = p.y[size_t(n) * p.N + r];
+    y = (p.accumulate ? y : 0.f) + v + (p.bias ? bf(p.bias[r]) : 0.f);
+  });
+}
+
+}  // namespace mx::cuda::body
