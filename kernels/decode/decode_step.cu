@@ -20,8 +20,8 @@ constexpr int kMaxKvHeads = 16;
 constexpr int kAttnDone = 16, kOprojDone = 17, kRouterDone = 18, kFc2Done = 19, kFc1Done = 32, kLayerWords = 64;
 static_assert(kFc1Done + kMaxSlots <= kLayerWords, "counter layout");
 
-// Waits until *c >= target (c null: no wait). One thread polls with acquire loads; the fence after it
-// keeps every thread of the CTA from reading stale L1 lines of data the producers wrote.
+// Waits until *c >= target (c null: no wait): thread 0 polls with acquire loads, the barrier passes
+// the ordering on to the CTA's other threads.
 struct FlagWait {
   const unsigned* c;
   unsigned target;
@@ -32,20 +32,16 @@ struct FlagWait {
       do {
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
       } while (v < target);
-      __threadfence();
     }
     __syncthreads();
   }
 };
 
-// Publishes this item's writes: every thread's stores are ordered before the count by the barrier
-// and thread 0's fence (the pattern of a grid barrier). Call from every thread; `add` CTA-uniform.
+// Publishes this item's writes: the barrier orders every thread's stores before thread 0's release
+// add (cumulative). Call from every thread; `add` CTA-uniform.
 __device__ __forceinline__ void signal(unsigned* c, bool add = true) {
   __syncthreads();
-  if (add && threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(c, 1u);
-  }
+  if (add && threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
 }
 
 // Items of one phase: the global sequence position of the phase's first item is `base`; this CTA
@@ -55,98 +51,152 @@ __device__ __forceinline__ int first_item(int base) {
   return ((int(blockIdx.x) - base) % nb + nb) % nb;
 }
 
+#ifndef MX_STEP_ITEM
+#define MX_STEP_ITEM __noinline__
+#endif
+#ifndef MX_STEP_CTAS
+#define MX_STEP_CTAS 3
+#endif
+
+// Shared scratch of the item functions (a CTA runs one item at a time).
+__shared__ float s_red[kWarps * 32 * 4];
+__shared__ Routing s_route;
+
+// Work-item counts of one layer's phases for M tokens, in sequence order.
+struct Phases {
+  int qkv, attn, oproj, router_x, router, slots, fc1_x, fc1, fc2_x, fc2;
+  __device__ Phases(const DecodeStepParams& p, int D) {
+    qkv = qkv_ctas(p.Hq, p.Hkv, D);
+    attn = p.M * p.Hkv * kAttnS;
+    oproj = oproj_ctas(p.H);
+    router_x = router_ctas(p.E);
+    router = router_x * kRouterSplits;
+    slots = moe_slots(p.M, p.E);
+    fc1_x = fc1_ctas(p.I);
+    fc1 = fc1_x * slots;
+    fc2_x = fc2_ctas(p.H);
+    fc2 = fc2_x * slots;
+  }
+};
+
+__device__ __forceinline__ unsigned* layer_counters(const DecodeStepParams& p, int l) {
+  return p.counters + size_t(l) * kLayerWords;
+}
+__device__ __forceinline__ float* layer_in(const DecodeStepParams& p, int l) { return l % 2 ? p.xb : p.xa; }
+__device__ __forceinline__ float* layer_out(const DecodeStepParams& p, int l) { return l % 2 ? p.xa : p.xb; }
+
+// One function per item kind, not inlined: each gets its own register allocation (as the per-op
+// grids do) instead of the union of all bodies' live ranges.
 template <int D>
-__global__ void __launch_bounds__(128, 3) decode_step_k(DecodeStepParams p) {
-  __shared__ float red[kWarps * 32 * 4];
-  __shared__ Routing route;
-  const int nb = gridDim.x, M = p.M;
-  const int n_qkv = qkv_ctas(p.Hq, p.Hkv, D), qkv_per_head = n_qkv / p.Hkv;
-  const int n_attn = M * p.Hkv * kAttnS, n_oproj = oproj_ctas(p.H);
-  const int router_x = router_ctas(p.E), n_router = router_x * kRouterSplits;
-  const int slots = moe_slots(M, p.E), fc1_x = fc1_ctas(p.I), fc2_x = fc2_ctas(p.H);
-  const int n_fc1 = fc1_x * slots, n_fc2 = fc2_x * slots;
+__device__ MX_STEP_ITEM void qkv_item(const DecodeStepParams& p, int l, int i, unsigned n_fc2) {
+  const DecodeStepLayer& L = p.layers[l];
+  unsigned* cnt = layer_counters(p, l);
+  QkvRopeKvParams q;
+  q.res = {layer_in(p, l), l ? p.y_slot : nullptr, layer_out(p, l)};
+  q.norm_w = L.attn_norm; q.eps = p.eps; q.w = L.qkv_w; q.bias = L.qkv_b;
+  q.pos = p.pos; q.slot = p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
+  q.q_out = p.q; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
+  q.M = p.M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
+  qkv_rope_kv<kQkvSplit>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
+  signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
+}
+
+template <int D>
+__device__ MX_STEP_ITEM void attn_item(const DecodeStepParams& p, int l, int i, int n_attn, unsigned qkv_per_head) {
+  const DecodeStepLayer& L = p.layers[l];
+  unsigned* cnt = layer_counters(p, l);
+  AttnDecodeParams a;
+  a.q = p.q; a.q_stride = p.Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
+  a.pos = p.pos; a.bt_off = p.bt_off; a.block_tables = p.block_tables; a.sinks = L.sinks; a.out = p.attn;
+  a.partials = p.attn_partials; a.tickets = p.attn_tickets;
+  a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
+  a.kv_stable = p.kv_stable;
+  if (p.l2_prefetch) {  // o-proj, norm and router weights: one contiguous range of the layer's arena
+    a.l2_prefetch = L.o_w;
+    a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + p.E) - reinterpret_cast<const char*>(L.o_w));
+  }
+  const int kvh = i % p.Hkv, qi = i / p.Hkv % p.M, split = i / (p.Hkv * p.M);
+  const bool done = attn_decode<D>(a, kvh, qi, split, i, n_attn, FlagWait{cnt + kvh, qkv_per_head});
+  signal(cnt + kAttnDone, done);
+}
+
+template <int D>
+__device__ MX_STEP_ITEM void oproj_item(const DecodeStepParams& p, int l, int i) {
+  const DecodeStepLayer& L = p.layers[l];
+  unsigned* cnt = layer_counters(p, l);
+  const GemvParams o{p.attn, L.o_w, L.o_b, layer_out(p, l), p.M, p.H, p.Hq * D, true};
+  gemv<kOprojSplit, kOprojU>(o, i, s_red, FlagWait{cnt + kAttnDone, unsigned(p.M * p.Hkv)});
+  signal(cnt + kOprojDone);
+}
+
+__device__ MX_STEP_ITEM void router_item(const DecodeStepParams& p, int l, int i, int router_x, unsigned n_oproj) {
+  const DecodeStepLayer& L = p.layers[l];
+  unsigned* cnt = layer_counters(p, l);
+  RouterParams r;
+  r.res = {layer_out(p, l), nullptr, nullptr};
+  r.norm_w = L.mlp_norm; r.eps = p.eps; r.w = L.router_w; r.bias = L.router_b;
+  r.logits = p.router_logits; r.xn = p.xn; r.M = p.M; r.E = p.E; r.H = p.H;
+  router<kRouterSplit>(r, i % router_x, i / router_x, s_red, FlagWait{cnt + kOprojDone, n_oproj});
+  signal(cnt + kRouterDone);
+}
+
+__device__ __forceinline__ MoeDecodeParams moe_params(const DecodeStepParams& p, const DecodeStepLayer& L) {
+  MoeDecodeParams e;
+  e.router_logits = p.router_logits; e.router_splits = kRouterSplits;
+  e.fc1_blocks = L.up_blocks; e.fc1_scales = L.up_scales; e.fc1_bias = L.up_bias;
+  e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
+  e.xn = p.xn; e.act = p.act; e.y_slot = p.y_slot;
+  e.M = p.M; e.E = p.E; e.H = p.H; e.I = p.I; e.alpha = p.alpha; e.limit = p.limit;
+  return e;
+}
+
+// The routing, once per CTA and layer, as soon as the router is done.
+__device__ MX_STEP_ITEM void route_item(const DecodeStepParams& p, int l, unsigned n_router) {
+  FlagWait{layer_counters(p, l) + kRouterDone, n_router}();
+  route_tokens(p.router_logits, kRouterSplits, p.M, p.E, s_route);
+}
+
+__device__ MX_STEP_ITEM void fc1_item(const DecodeStepParams& p, int l, int i, int fc1_x) {
+  const int slot = i / fc1_x;
+  if (slot < s_route.count) fc1_swiglu(moe_params(p, p.layers[l]), s_route, i % fc1_x, slot, s_red);
+  signal(layer_counters(p, l) + kFc1Done + slot);
+}
+
+__device__ MX_STEP_ITEM void fc2_item(const DecodeStepParams& p, int l, int i, int fc1_x, int fc2_x) {
+  unsigned* cnt = layer_counters(p, l);
+  const int slot = i / fc2_x;
+  if (slot < s_route.count)
+    fc2(moe_params(p, p.layers[l]), s_route, i % fc2_x, slot, s_red, FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
+  signal(cnt + kFc2Done);
+}
+
+template <int D>
+__global__ void __launch_bounds__(128, MX_STEP_CTAS) decode_step_k(const __grid_constant__ DecodeStepParams p) {
+  const int nb = gridDim.x;
+  const Phases n(p, D);
   int base = 0;
   for (int l = 0; l < p.num_layers; ++l) {
-    const DecodeStepLayer& L = p.layers[l];
-    unsigned* cnt = p.counters + size_t(l) * kLayerWords;
-    float* xin = l % 2 ? p.xb : p.xa;
-    float* xout = l % 2 ? p.xa : p.xb;
-
-    QkvRopeKvParams q;
-    q.res = {xin, l ? p.y_slot : nullptr, xout};
-    q.norm_w = L.attn_norm; q.eps = p.eps; q.w = L.qkv_w; q.bias = L.qkv_b;
-    q.pos = p.pos; q.slot = p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
-    q.q_out = p.q; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
-    q.M = M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
-    const FlagWait after_prev{l ? cnt - kLayerWords + kFc2Done : nullptr, unsigned(n_fc2)};
-    for (int i = first_item(base); i < n_qkv; i += nb) {
-      qkv_rope_kv<kQkvSplit>(q, i, red, after_prev);
-      signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
-    }
-    base += n_qkv;
-
-    AttnDecodeParams a;
-    a.q = p.q; a.q_stride = p.Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
-    a.pos = p.pos; a.bt_off = p.bt_off; a.block_tables = p.block_tables; a.sinks = L.sinks; a.out = p.attn;
-    a.partials = p.attn_partials; a.tickets = p.attn_tickets;
-    a.M = M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
-    a.kv_stable = p.kv_stable;
-    if (p.l2_prefetch) {  // o-proj, norm and router weights: one contiguous range of the layer's arena
-      a.l2_prefetch = L.o_w;
-      a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + p.E) - reinterpret_cast<const char*>(L.o_w));
-    }
-    for (int i = first_item(base); i < n_attn; i += nb) {
-      const int kvh = i % p.Hkv, qi = i / p.Hkv % M, split = i / (p.Hkv * M);
-      const bool done = attn_decode<D>(a, kvh, qi, split, i, n_attn, FlagWait{cnt + kvh, unsigned(qkv_per_head)});
-      signal(cnt + kAttnDone, done);
-    }
-    base += n_attn;
-
-    const GemvParams o{p.attn, L.o_w, L.o_b, xout, M, p.H, p.Hq * D, true};
-    for (int i = first_item(base); i < n_oproj; i += nb) {
-      gemv<kOprojSplit, kOprojU>(o, i, red, FlagWait{cnt + kAttnDone, unsigned(M * p.Hkv)});
-      signal(cnt + kOprojDone);
-    }
-    base += n_oproj;
-
-    RouterParams r;
-    r.res = {xout, nullptr, nullptr};
-    r.norm_w = L.mlp_norm; r.eps = p.eps; r.w = L.router_w; r.bias = L.router_b;
-    r.logits = p.router_logits; r.xn = p.xn; r.M = M; r.E = p.E; r.H = p.H;
-    for (int i = first_item(base); i < n_router; i += nb) {
-      router<kRouterSplit>(r, i % router_x, i / router_x, red, FlagWait{cnt + kOprojDone, unsigned(n_oproj)});
-      signal(cnt + kRouterDone);
-    }
-    base += n_router;
-
-    MoeDecodeParams e;
-    e.router_logits = p.router_logits; e.router_splits = kRouterSplits;
-    e.fc1_blocks = L.up_blocks; e.fc1_scales = L.up_scales; e.fc1_bias = L.up_bias;
-    e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
-    e.xn = p.xn; e.act = p.act; e.y_slot = p.y_slot;
-    e.M = M; e.E = p.E; e.H = p.H; e.I = p.I; e.alpha = p.alpha; e.limit = p.limit;
-    // The routing, once per CTA and layer, as soon as the router is done.
+    for (int i = first_item(base); i < n.qkv; i += nb) qkv_item<D>(p, l, i, n.fc2);
+    base += n.qkv;
+    for (int i = first_item(base); i < n.attn; i += nb) attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv);
+    base += n.attn;
+    for (int i = first_item(base); i < n.oproj; i += nb) oproj_item<D>(p, l, i);
+    base += n.oproj;
+    for (int i = first_item(base); i < n.router; i += nb) router_item(p, l, i, n.router_x, n.oproj);
+    base += n.router;
     bool routed = false;
-    auto ensure_routed = [&]() {
-      if (routed) return;
-      FlagWait{cnt + kRouterDone, unsigned(n_router)}();
-      route_tokens(p.router_logits, kRouterSplits, M, p.E, route);
+    for (int i = first_item(base); i < n.fc1; i += nb) {
+      if (!routed) route_item(p, l, n.router);
       routed = true;
-    };
-    for (int i = first_item(base); i < n_fc1; i += nb) {
-      ensure_routed();
-      const int slot = i / fc1_x;
-      if (slot < route.count) fc1_swiglu(e, route, i % fc1_x, slot, red);
-      signal(cnt + kFc1Done + slot);
+      fc1_item(p, l, i, n.fc1_x);
     }
-    base += n_fc1;
-    for (int i = first_item(base); i < n_fc2; i += nb) {
-      ensure_routed();
-      const int slot = i / fc2_x;
-      if (slot < route.count) fc2(e, route, i % fc2_x, slot, red, FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
-      signal(cnt + kFc2Done);
+    base += n.fc1;
+    for (int i = first_item(base); i < n.fc2; i += nb) {
+      if (!routed) route_item(p, l, n.router);
+      routed = true;
+      fc2_item(p, l, i, n.fc1_x, n.fc2_x);
     }
-    base += n_fc2;
+    base += n.fc2;
   }
 }
 
