@@ -19,7 +19,7 @@ namespace mx::cli {
 namespace {
 
 struct BenchOptions {
-  std::string preset, model;
+  std::string preset, model, step_trace;
   std::vector<int> pp{512}, tg{128}, batch{1};
   int depth = 0, reps = 5;
   int prefill_min_tokens = -1;  // -1: the engine's default
@@ -96,6 +96,39 @@ void print_graph_marginals(CudaRunnerBase& r, const std::vector<int32_t>& bt, in
     std::printf("| %s | %.3f | %.3f | %.1f |\n", kDecodeKernelNames[b], t, full - t, 100 * (full - t) / full);
   }
   r.set_decode_skip(0);
+}
+
+// The persistent decode step's per-item timeline of one batch-1 step at the given depth, as CSV:
+// layer, phase (0 qkv, 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait
+// satisfied (0: none) / exit times in ns from the step's first item.
+void write_step_trace(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth, const std::string& path) {
+  std::vector<int32_t> toks(1, 1);
+  SeqStep s;
+  s.tokens = toks;
+  s.start_pos = depth;
+  s.block_table = bt;
+  s.sample = true;
+  s.sampling.temperature = 0;
+  SampleResult res;
+  r.set_step_trace(true);
+  for (int i = 0; i < 3; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
+  const std::vector<uint64_t> t = r.last_step_trace();
+  r.set_step_trace(false);
+  if (t.empty()) fail("--step-trace: the decode step did not run the persistent kernel");
+  uint64_t t0 = ~0ull;
+  for (size_t i = 0; i < t.size(); i += 4)
+    if (t[i]) t0 = std::min(t0, t[i]);
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) fail("--step-trace: cannot write {}", path);
+  std::fprintf(f, "layer,phase,sm,start,waited,end\n");
+  for (size_t i = 0; i < t.size(); i += 4) {
+    if (!t[i]) continue;  // not run (no such item in this step)
+    std::fprintf(f, "%llu,%llu,%llu,%lld,%lld,%lld\n", (unsigned long long)(t[i + 3] >> 16),
+                 (unsigned long long)((t[i + 3] >> 8) & 0xff), (unsigned long long)(t[i + 3] & 0xff),
+                 (long long)(t[i] - t0), t[i + 1] ? (long long)(t[i + 1] - t0) : -1LL, (long long)(t[i + 2] - t0));
+  }
+  std::fclose(f);
+  std::fprintf(stderr, "step trace: %zu items written to %s\n", t.size() / 4, path.c_str());
 }
 
 void run_bench(const BenchOptions& o) {
@@ -205,6 +238,7 @@ void run_bench(const BenchOptions& o) {
     if (!o.no_graphs) print_graph_marginals(*r, bt0, o.depth);
     print_breakdown(*r, bt0, o.depth, copy_gbps, std::min(max_pp, eo.max_tokens_per_step));
   }
+  if (!o.step_trace.empty()) write_step_trace(*r, bt0, o.depth, o.step_trace);
   if (o.json) {
     std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"results\":[", model.c_str(),
                 cuda_device_name().c_str(), o.depth, copy_gbps);
@@ -240,6 +274,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prefill-min-tokens", o->prefill_min_tokens,
                   "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");
+  cmd->add_option("--step-trace", o->step_trace, "write the persistent decode step's per-item timeline (CSV) here");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
   cmd->add_flag("--layered-decode", o->layered,

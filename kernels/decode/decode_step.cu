@@ -20,6 +20,13 @@ constexpr int kMaxKvHeads = 16;
 constexpr int kAttnDone = 16, kOprojDone = 17, kRouterDone = 18, kFc2Done = 19, kFc1Done = 32, kLayerWords = 64;
 static_assert(kFc1Done + kMaxSlots <= kLayerWords, "counter layout");
 
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+__shared__ unsigned long long s_waited;  // trace: when the current item's wait was satisfied
+
 // Waits until *c >= target (c null: no wait): thread 0 polls with acquire loads, the barrier passes
 // the ordering on to the CTA's other threads.
 struct FlagWait {
@@ -32,6 +39,7 @@ struct FlagWait {
       do {
         asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
       } while (v < target);
+      s_waited = global_ns();
     }
     __syncthreads();
   }
@@ -65,19 +73,40 @@ __shared__ Routing s_route;
 // Work-item counts of one layer's phases for M tokens, in sequence order.
 struct Phases {
   int qkv, attn, oproj, router_x, router, slots, fc1_x, fc1, fc2_x, fc2;
-  __device__ Phases(const DecodeStepParams& p, int D) {
-    qkv = qkv_ctas(p.Hq, p.Hkv, D);
-    attn = p.M * p.Hkv * kAttnS;
-    oproj = oproj_ctas(p.H);
-    router_x = router_ctas(p.E);
+  __host__ __device__ Phases(int M, int H, int I, int E, int Hq, int Hkv, int D) {
+    qkv = qkv_ctas(Hq, Hkv, D);
+    attn = M * Hkv * kAttnS;
+    oproj = oproj_ctas(H);
+    router_x = router_ctas(E);
     router = router_x * kRouterSplits;
-    slots = moe_slots(p.M, p.E);
-    fc1_x = fc1_ctas(p.I);
+    slots = moe_slots(M, E);
+    fc1_x = fc1_ctas(I);
     fc1 = fc1_x * slots;
-    fc2_x = fc2_ctas(p.H);
+    fc2_x = fc2_ctas(H);
     fc2 = fc2_x * slots;
   }
+  __host__ __device__ int total() const { return qkv + attn + oproj + router + fc1 + fc2; }
 };
+
+// Runs one item; with a trace buffer, thread 0 records its timeline.
+template <class F>
+__device__ __forceinline__ void traced(const DecodeStepParams& p, int l, int phase, int g, F f) {
+  unsigned long long t0 = 0;
+  if (p.trace && threadIdx.x == 0) {
+    t0 = global_ns();
+    s_waited = 0;
+  }
+  f();
+  if (p.trace && threadIdx.x == 0) {
+    unsigned sm;
+    asm("mov.u32 %0, %smid;" : "=r"(sm));
+    unsigned long long* r = p.trace + size_t(g) * 4;
+    r[0] = t0;
+    r[1] = s_waited;
+    r[2] = global_ns();
+    r[3] = sm | unsigned(phase) << 8 | unsigned(l) << 16;
+  }
+}
 
 __device__ __forceinline__ unsigned* layer_counters(const DecodeStepParams& p, int l) {
   return p.counters + size_t(l) * kLayerWords;
@@ -173,29 +202,34 @@ __device__ MX_STEP_ITEM void fc2_item(const DecodeStepParams& p, int l, int i, i
 template <int D>
 __global__ void __launch_bounds__(128, MX_STEP_CTAS) decode_step_k(const __grid_constant__ DecodeStepParams p) {
   const int nb = gridDim.x;
-  const Phases n(p, D);
+  const Phases n(p.M, p.H, p.I, p.E, p.Hq, p.Hkv, D);
   int base = 0;
   for (int l = 0; l < p.num_layers; ++l) {
-    for (int i = first_item(base); i < n.qkv; i += nb) qkv_item<D>(p, l, i, n.fc2);
+    for (int i = first_item(base); i < n.qkv; i += nb)
+      traced(p, l, 0, base + i, [&] { qkv_item<D>(p, l, i, n.fc2); });
     base += n.qkv;
-    for (int i = first_item(base); i < n.attn; i += nb) attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv);
+    for (int i = first_item(base); i < n.attn; i += nb)
+      traced(p, l, 1, base + i, [&] { attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv); });
     base += n.attn;
-    for (int i = first_item(base); i < n.oproj; i += nb) oproj_item<D>(p, l, i);
+    for (int i = first_item(base); i < n.oproj; i += nb) traced(p, l, 2, base + i, [&] { oproj_item<D>(p, l, i); });
     base += n.oproj;
-    for (int i = first_item(base); i < n.router; i += nb) router_item(p, l, i, n.router_x, n.oproj);
+    for (int i = first_item(base); i < n.router; i += nb)
+      traced(p, l, 3, base + i, [&] { router_item(p, l, i, n.router_x, n.oproj); });
     base += n.router;
     bool routed = false;
-    for (int i = first_item(base); i < n.fc1; i += nb) {
-      if (!routed) route_item(p, l, n.router);
-      routed = true;
-      fc1_item(p, l, i, n.fc1_x);
-    }
+    for (int i = first_item(base); i < n.fc1; i += nb)
+      traced(p, l, 4, base + i, [&] {
+        if (!routed) route_item(p, l, n.router);
+        routed = true;
+        fc1_item(p, l, i, n.fc1_x);
+      });
     base += n.fc1;
-    for (int i = first_item(base); i < n.fc2; i += nb) {
-      if (!routed) route_item(p, l, n.router);
-      routed = true;
-      fc2_item(p, l, i, n.fc1_x, n.fc2_x);
-    }
+    for (int i = first_item(base); i < n.fc2; i += nb)
+      traced(p, l, 5, base + i, [&] {
+        if (!routed) route_item(p, l, n.router);
+        routed = true;
+        fc2_item(p, l, i, n.fc1_x, n.fc2_x);
+      });
     base += n.fc2;
   }
 }
@@ -234,6 +268,10 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
 }  // namespace
 
 size_t decode_step_counter_words(int num_layers) { return size_t(num_layers) * kLayerWords; }
+
+size_t decode_step_items(int M, int num_layers, int H, int I, int E, int Hq, int Hkv, int D) {
+  return size_t(num_layers) * Phases(M, H, I, E, Hq, Hkv, D).total();
+}
 
 void decode_step(const DecodeStepParams& p, cudaStream_t s) {
   if (p.M < 1 || p.M > kDecodeMaxTokens) throw_error("decode_step: M must be 1..8, got " + std::to_string(p.M));

@@ -46,7 +46,13 @@ struct DecodeStepParams {
   int M = 1, H = 0, I = 0, E = 0, Hq = 0, Hkv = 0, D = 64, block_size = 16;
   bool kv_stable = false;   // one token per sequence: attention reads older keys before waiting
   bool l2_prefetch = true;  // attention items prefetch the layer's o-proj + router weights into L2
+  // Diagnostics (bench --step-trace): per work item in sequence order, 4 words: globaltimer ns at
+  // entry, when its wait was satisfied (0: no wait), at exit, and sm | phase << 8 | layer << 16.
+  unsigned long long* trace = nullptr;
 };
+
+// Work items of one step (the trace's length / 4).
+size_t decode_step_items(int M, int num_layers, int H, int I, int E, int Hq, int Hkv, int D);
 
 size_t decode_step_counter_words(int num_layers);
 inline float* decode_step_output(float* xa, float* xb, int num_layers) { return num_layers % 2 ? xb : xa; }

@@ -98,6 +98,7 @@ CudaRunner::~CudaRunner() {
   for (auto e : events_) cudaEventDestroy(e);
   if (gemm_) cuda::gemm_context_destroy(gemm_);
   cudaFree(weights_);
+  if (step_trace_) cudaFree(step_trace_);
   cudaFree(act_);
   cudaFree(kv_);
   cudaFreeHost(hmeta_.tok);
@@ -473,6 +474,31 @@ void CudaRunner::set_decode_skip(uint32_t mask) {
       MX_CUDA(cudaGraphExecDestroy(g));
       g = nullptr;
     }
+}
+
+void CudaRunner::set_step_trace(bool on) {
+  if (on == (step_trace_ != nullptr)) return;
+  const ModelConfig& c = cfg_;
+  if (on) {
+    const size_t n = cuda::decode_step_items(cuda::kDecodeMaxTokens, c.num_layers, c.hidden_size, c.intermediate_size,
+                                             c.num_experts, c.num_heads, c.num_kv_heads, c.head_dim);
+    MX_CUDA(cudaMalloc(&step_trace_, n * 4 * 8));
+  } else {
+    MX_CUDA(cudaFree(step_trace_));
+    step_trace_ = nullptr;
+  }
+  step_trace_items_ = 0;
+  for (auto& g : graphs_)  // captured with the old trace pointer
+    if (g) {
+      MX_CUDA(cudaGraphExecDestroy(g));
+      g = nullptr;
+    }
+}
+
+std::vector<uint64_t> CudaRunner::last_step_trace() const {
+  std::vector<uint64_t> v(step_trace_items_ * 4);
+  if (!v.empty()) MX_CUDA(cudaMemcpy(v.data(), step_trace_, v.size() * 8, cudaMemcpyDeviceToHost));
+  return v;
 }
 
 void CudaRunner::run_decode_graph(int M) {

@@ -60,6 +60,10 @@ class CudaRunnerBase : public ModelRunner {
   // Bench only: decode steps leave out the kernel kinds whose DecodeKernelBit is set (their outputs
   // go stale, results are garbage), so graph replays time each kind's marginal cost.
   virtual void set_decode_skip(uint32_t mask) = 0;
+  // Diagnostics (bench --step-trace): the persistent decode step records its per-item timeline
+  // (DecodeStepParams::trace) in the following steps; last_step_trace() copies the last one.
+  virtual void set_step_trace(bool on) = 0;
+  virtual std::vector<uint64_t> last_step_trace() const = 0;
   // Bytes of weights read by one decode step for M tokens (dense + expected distinct experts).
   virtual double decode_weight_bytes(int M) const = 0;
 };

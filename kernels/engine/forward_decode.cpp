@@ -103,6 +103,9 @@ void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_toke
   p.M = M; p.H = c.hidden_size; p.I = c.intermediate_size; p.E = c.num_experts;
   p.Hq = c.num_heads; p.Hkv = c.num_kv_heads; p.D = c.head_dim; p.block_size = opt_.block_size;
   p.kv_stable = one_token_per_seq;
+  p.trace = step_trace_;
+  if (step_trace_)
+    step_trace_items_ = cuda::decode_step_items(M, c.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
   cuda::decode_step(p, stream_);
   if (S > 0) final_logits(cuda::decode_step_output(xa_, xb_, c.num_layers), ysl_, m.srow_local + s0, s0, S);
 }

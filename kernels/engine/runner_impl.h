@@ -60,6 +60,8 @@ class CudaRunner final : public CudaRunnerBase {
   std::vector<KernelProfile> last_profile() const override { return profile_; }
   void set_use_graphs(bool on) override { use_graphs_ = on; }
   void set_decode_skip(uint32_t mask) override;
+  void set_step_trace(bool on) override;
+  std::vector<uint64_t> last_step_trace() const override;
 
  private:
   void plan_memory();
@@ -103,6 +105,8 @@ class CudaRunner final : public CudaRunnerBase {
   int32_t *eidx_, *tickets_;
   unsigned* step_counters_ = nullptr;               // ready counters of the persistent decode step
   cuda::DecodeStepLayer* step_layers_ = nullptr;    // its per-layer pointers (device)
+  unsigned long long* step_trace_ = nullptr;        // diagnostics only: allocated by set_step_trace
+  size_t step_trace_items_ = 0;
   // grouped-MoE routing scratch (prefill)
   int32_t *moe_counts_, *moe_offsets_, *moe_sorted_tok_, *moe_sorted_slot_, *moe_tile_expert_, *moe_tile_row0_,
       *moe_num_tiles_;
