@@ -52,18 +52,14 @@ __device__ __forceinline__ void signal(unsigned* c, bool add = true) {
   if (add && threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
 }
 
-// Items of one phase: the global sequence position of the phase's first item is `base`; this CTA
-// takes items i with (base + i) % gridDim.x == blockIdx.x.
-__device__ __forceinline__ int first_item(int base) {
-  const int nb = gridDim.x;
-  return ((int(blockIdx.x) - base) % nb + nb) % nb;
-}
-
 #ifndef MX_STEP_ITEM
 #define MX_STEP_ITEM __noinline__
 #endif
+#ifndef MX_ATTN_ITEM
+#define MX_ATTN_ITEM MX_STEP_ITEM
+#endif
 #ifndef MX_STEP_CTAS
-#define MX_STEP_CTAS 3
+#define MX_STEP_CTAS 2
 #endif
 
 // Shared scratch of the item functions (a CTA runs one item at a time).
@@ -131,7 +127,7 @@ __device__ MX_STEP_ITEM void qkv_item(const DecodeStepParams& p, int l, int i, u
 }
 
 template <int D>
-__device__ MX_STEP_ITEM void attn_item(const DecodeStepParams& p, int l, int i, int n_attn, unsigned qkv_per_head) {
+__device__ MX_ATTN_ITEM void attn_item(const DecodeStepParams& p, int l, int i, int n_attn, unsigned qkv_per_head) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   AttnDecodeParams a;
@@ -199,38 +195,45 @@ __device__ MX_STEP_ITEM void fc2_item(const DecodeStepParams& p, int l, int i, i
   signal(cnt + kFc2Done);
 }
 
+// Items are handed out in sequence order by one atomic ticket counter (after the layers' counters),
+// so a CTA that finishes early takes the next item instead of a fixed share; each CTA asks for its
+// next ticket when it starts an item, so the round trip overlaps the work.
 template <int D>
 __global__ void __launch_bounds__(128, MX_STEP_CTAS) decode_step_k(const __grid_constant__ DecodeStepParams p) {
-  const int nb = gridDim.x;
+  __shared__ int s_next;
   const Phases n(p.M, p.H, p.I, p.E, p.Hq, p.Hkv, D);
-  int base = 0;
-  for (int l = 0; l < p.num_layers; ++l) {
-    for (int i = first_item(base); i < n.qkv; i += nb)
-      traced(p, l, 0, base + i, [&] { qkv_item<D>(p, l, i, n.fc2); });
-    base += n.qkv;
-    for (int i = first_item(base); i < n.attn; i += nb)
-      traced(p, l, 1, base + i, [&] { attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv); });
-    base += n.attn;
-    for (int i = first_item(base); i < n.oproj; i += nb) traced(p, l, 2, base + i, [&] { oproj_item<D>(p, l, i); });
-    base += n.oproj;
-    for (int i = first_item(base); i < n.router; i += nb)
-      traced(p, l, 3, base + i, [&] { router_item(p, l, i, n.router_x, n.oproj); });
-    base += n.router;
-    bool routed = false;
-    for (int i = first_item(base); i < n.fc1; i += nb)
-      traced(p, l, 4, base + i, [&] {
-        if (!routed) route_item(p, l, n.router);
-        routed = true;
-        fc1_item(p, l, i, n.fc1_x);
+  const int per_layer = n.total(), total = per_layer * p.num_layers;
+  unsigned* tickets = p.counters + size_t(p.num_layers) * kLayerWords;
+  if (threadIdx.x == 0) s_next = int(atomicAdd(tickets, 1u));
+  __syncthreads();
+  int g = s_next, routed = -1;
+  while (g < total) {
+    unsigned next = 0;
+    if (threadIdx.x == 0) next = atomicAdd(tickets, 1u);
+    const int l = g / per_layer;
+    int i = g % per_layer;
+    if (i < n.qkv) {
+      traced(p, l, 0, g, [&] { qkv_item<D>(p, l, i, n.fc2); });
+    } else if ((i -= n.qkv) < n.attn) {
+      traced(p, l, 1, g, [&] { attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv); });
+    } else if ((i -= n.attn) < n.oproj) {
+      traced(p, l, 2, g, [&] { oproj_item<D>(p, l, i); });
+    } else if ((i -= n.oproj) < n.router) {
+      traced(p, l, 3, g, [&] { router_item(p, l, i, n.router_x, n.oproj); });
+    } else {
+      i -= n.router;
+      const bool is_fc1 = i < n.fc1;
+      traced(p, l, is_fc1 ? 4 : 5, g, [&] {
+        if (routed != l) route_item(p, l, n.router);
+        routed = l;
+        if (is_fc1) fc1_item(p, l, i, n.fc1_x);
+        else fc2_item(p, l, i - n.fc1, n.fc1_x, n.fc2_x);
       });
-    base += n.fc1;
-    for (int i = first_item(base); i < n.fc2; i += nb)
-      traced(p, l, 5, base + i, [&] {
-        if (!routed) route_item(p, l, n.router);
-        routed = true;
-        fc2_item(p, l, i, n.fc1_x, n.fc2_x);
-      });
-    base += n.fc2;
+    }
+    if (threadIdx.x == 0) s_next = int(next);
+    __syncthreads();
+    g = s_next;
+    __syncthreads();  // s_next is rewritten by the next item's thread 0
   }
 }
 
@@ -267,7 +270,7 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
 
 }  // namespace
 
-size_t decode_step_counter_words(int num_layers) { return size_t(num_layers) * kLayerWords; }
+size_t decode_step_counter_words(int num_layers) { return size_t(num_layers + 1) * kLayerWords; }
 
 size_t decode_step_items(int M, int num_layers, int H, int I, int E, int Hq, int Hkv, int D) {
   return size_t(num_layers) * Phases(M, H, I, E, Hq, Hkv, D).total();
