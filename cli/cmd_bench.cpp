@@ -23,7 +23,8 @@ struct BenchOptions {
   std::vector<int> pp{512}, tg{128}, batch{1};
   int depth = 0, reps = 5;
   int prefill_min_tokens = -1;  // -1: the engine's default
-  bool json = false, breakdown = false, no_graphs = false, layered = false;
+  int decode_step_min_tokens = -1;  // -1: the engine's default
+  bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
 
@@ -146,7 +147,7 @@ void run_bench(const BenchOptions& o) {
   eo.max_num_seqs = max_b;
   eo.max_tokens_per_step = std::max({max_b, 2048});
   if (o.prefill_min_tokens >= 0) eo.prefill_min_tokens = o.prefill_min_tokens;
-  eo.persistent_decode = !o.layered;
+  if (o.decode_step_min_tokens >= 0) eo.decode_step_min_tokens = o.decode_step_min_tokens;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -277,8 +278,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--step-trace", o->step_trace, "write the persistent decode step's per-item timeline (CSV) here");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
-  cmd->add_flag("--layered-decode", o->layered,
-                "decode with six kernels per layer instead of the persistent step kernel (--breakdown always does)");
+  cmd->add_option("--decode-step-min-tokens", o->decode_step_min_tokens,
+                  "decode steps with at least this many tokens run as one persistent kernel, smaller ones as six "
+                  "launches per layer (1: always persistent, 9: never; --breakdown always launches per op)")
+      ->check(CLI::Range(1, 9));
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

@@ -52,15 +52,17 @@ __device__ __forceinline__ void signal(unsigned* c, bool add = true) {
   if (add && threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
 }
 
-#ifndef MX_STEP_ITEM
-#define MX_STEP_ITEM __noinline__
-#endif
-#ifndef MX_ATTN_ITEM
-#define MX_ATTN_ITEM MX_STEP_ITEM
-#endif
-#ifndef MX_STEP_CTAS
-#define MX_STEP_CTAS 2
-#endif
+// Items of one phase: the global sequence position of the phase's first item is `base`; this CTA
+// takes items i with (base + i) % gridDim.x == blockIdx.x.
+__device__ __forceinline__ int first_item(int base) {
+  const int nb = gridDim.x;
+  return ((int(blockIdx.x) - base) % nb + nb) % nb;
+}
+
+// Two CTAs per SM: the item functions then fit their registers (up to 255) without spilling. At three
+// (168 registers) the call ABI made the attention item spill and the step ran 4 % slower at batch 1
+// (docs/perf.md, 2026-11-23).
+constexpr int kStepCtasPerSm = 2;
 
 // Shared scratch of the item functions (a CTA runs one item at a time).
 __shared__ float s_red[kWarps * 32 * 4];
@@ -113,7 +115,7 @@ __device__ __forceinline__ float* layer_out(const DecodeStepParams& p, int l) { 
 // One function per item kind, not inlined: each gets its own register allocation (as the per-op
 // grids do) instead of the union of all bodies' live ranges.
 template <int D>
-__device__ MX_STEP_ITEM void qkv_item(const DecodeStepParams& p, int l, int i, unsigned n_fc2) {
+__device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, unsigned n_fc2) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   QkvRopeKvParams q;
@@ -127,7 +129,7 @@ __device__ MX_STEP_ITEM void qkv_item(const DecodeStepParams& p, int l, int i, u
 }
 
 template <int D>
-__device__ MX_ATTN_ITEM void attn_item(const DecodeStepParams& p, int l, int i, int n_attn, unsigned qkv_per_head) {
+__device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, int n_attn, unsigned qkv_per_head) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   AttnDecodeParams a;
@@ -135,18 +137,14 @@ __device__ MX_ATTN_ITEM void attn_item(const DecodeStepParams& p, int l, int i, 
   a.pos = p.pos; a.bt_off = p.bt_off; a.block_tables = p.block_tables; a.sinks = L.sinks; a.out = p.attn;
   a.partials = p.attn_partials; a.tickets = p.attn_tickets;
   a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
-  a.kv_stable = p.kv_stable;
-  if (p.l2_prefetch) {  // o-proj, norm and router weights: one contiguous range of the layer's arena
-    a.l2_prefetch = L.o_w;
-    a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + p.E) - reinterpret_cast<const char*>(L.o_w));
-  }
+  a.kv_stable = p.kv_stable;  // no L2 prefetch of o-proj: its items issue their own loads early
   const int kvh = i % p.Hkv, qi = i / p.Hkv % p.M, split = i / (p.Hkv * p.M);
   const bool done = attn_decode<D>(a, kvh, qi, split, i, n_attn, FlagWait{cnt + kvh, qkv_per_head});
   signal(cnt + kAttnDone, done);
 }
 
 template <int D>
-__device__ MX_STEP_ITEM void oproj_item(const DecodeStepParams& p, int l, int i) {
+__device__ __noinline__ void oproj_item(const DecodeStepParams& p, int l, int i) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   const GemvParams o{p.attn, L.o_w, L.o_b, layer_out(p, l), p.M, p.H, p.Hq * D, true};
@@ -154,7 +152,7 @@ __device__ MX_STEP_ITEM void oproj_item(const DecodeStepParams& p, int l, int i)
   signal(cnt + kOprojDone);
 }
 
-__device__ MX_STEP_ITEM void router_item(const DecodeStepParams& p, int l, int i, int router_x, unsigned n_oproj) {
+__device__ __noinline__ void router_item(const DecodeStepParams& p, int l, int i, int router_x, unsigned n_oproj) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   RouterParams r;
@@ -176,18 +174,18 @@ __device__ __forceinline__ MoeDecodeParams moe_params(const DecodeStepParams& p,
 }
 
 // The routing, once per CTA and layer, as soon as the router is done.
-__device__ MX_STEP_ITEM void route_item(const DecodeStepParams& p, int l, unsigned n_router) {
+__device__ __noinline__ void route_item(const DecodeStepParams& p, int l, unsigned n_router) {
   FlagWait{layer_counters(p, l) + kRouterDone, n_router}();
   route_tokens(p.router_logits, kRouterSplits, p.M, p.E, s_route);
 }
 
-__device__ MX_STEP_ITEM void fc1_item(const DecodeStepParams& p, int l, int i, int fc1_x) {
+__device__ __noinline__ void fc1_item(const DecodeStepParams& p, int l, int i, int fc1_x) {
   const int slot = i / fc1_x;
   if (slot < s_route.count) fc1_swiglu(moe_params(p, p.layers[l]), s_route, i % fc1_x, slot, s_red);
   signal(layer_counters(p, l) + kFc1Done + slot);
 }
 
-__device__ MX_STEP_ITEM void fc2_item(const DecodeStepParams& p, int l, int i, int fc1_x, int fc2_x) {
+__device__ __noinline__ void fc2_item(const DecodeStepParams& p, int l, int i, int fc1_x, int fc2_x) {
   unsigned* cnt = layer_counters(p, l);
   const int slot = i / fc2_x;
   if (slot < s_route.count)
@@ -195,45 +193,38 @@ __device__ MX_STEP_ITEM void fc2_item(const DecodeStepParams& p, int l, int i, i
   signal(cnt + kFc2Done);
 }
 
-// Items are handed out in sequence order by one atomic ticket counter (after the layers' counters),
-// so a CTA that finishes early takes the next item instead of a fixed share; each CTA asks for its
-// next ticket when it starts an item, so the round trip overlaps the work.
 template <int D>
-__global__ void __launch_bounds__(128, MX_STEP_CTAS) decode_step_k(const __grid_constant__ DecodeStepParams p) {
-  __shared__ int s_next;
+__global__ void __launch_bounds__(128, kStepCtasPerSm) decode_step_k(const __grid_constant__ DecodeStepParams p) {
+  const int nb = gridDim.x;
   const Phases n(p.M, p.H, p.I, p.E, p.Hq, p.Hkv, D);
-  const int per_layer = n.total(), total = per_layer * p.num_layers;
-  unsigned* tickets = p.counters + size_t(p.num_layers) * kLayerWords;
-  if (threadIdx.x == 0) s_next = int(atomicAdd(tickets, 1u));
-  __syncthreads();
-  int g = s_next, routed = -1;
-  while (g < total) {
-    unsigned next = 0;
-    if (threadIdx.x == 0) next = atomicAdd(tickets, 1u);
-    const int l = g / per_layer;
-    int i = g % per_layer;
-    if (i < n.qkv) {
-      traced(p, l, 0, g, [&] { qkv_item<D>(p, l, i, n.fc2); });
-    } else if ((i -= n.qkv) < n.attn) {
-      traced(p, l, 1, g, [&] { attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv); });
-    } else if ((i -= n.attn) < n.oproj) {
-      traced(p, l, 2, g, [&] { oproj_item<D>(p, l, i); });
-    } else if ((i -= n.oproj) < n.router) {
-      traced(p, l, 3, g, [&] { router_item(p, l, i, n.router_x, n.oproj); });
-    } else {
-      i -= n.router;
-      const bool is_fc1 = i < n.fc1;
-      traced(p, l, is_fc1 ? 4 : 5, g, [&] {
-        if (routed != l) route_item(p, l, n.router);
-        routed = l;
-        if (is_fc1) fc1_item(p, l, i, n.fc1_x);
-        else fc2_item(p, l, i - n.fc1, n.fc1_x, n.fc2_x);
+  int base = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    for (int i = first_item(base); i < n.qkv; i += nb)
+      traced(p, l, 0, base + i, [&] { qkv_item<D>(p, l, i, n.fc2); });
+    base += n.qkv;
+    for (int i = first_item(base); i < n.attn; i += nb)
+      traced(p, l, 1, base + i, [&] { attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv); });
+    base += n.attn;
+    for (int i = first_item(base); i < n.oproj; i += nb) traced(p, l, 2, base + i, [&] { oproj_item<D>(p, l, i); });
+    base += n.oproj;
+    for (int i = first_item(base); i < n.router; i += nb)
+      traced(p, l, 3, base + i, [&] { router_item(p, l, i, n.router_x, n.oproj); });
+    base += n.router;
+    bool routed = false;
+    for (int i = first_item(base); i < n.fc1; i += nb)
+      traced(p, l, 4, base + i, [&] {
+        if (!routed) route_item(p, l, n.router);
+        routed = true;
+        fc1_item(p, l, i, n.fc1_x);
       });
-    }
-    if (threadIdx.x == 0) s_next = int(next);
-    __syncthreads();
-    g = s_next;
-    __syncthreads();  // s_next is rewritten by the next item's thread 0
+    base += n.fc1;
+    for (int i = first_item(base); i < n.fc2; i += nb)
+      traced(p, l, 5, base + i, [&] {
+        if (!routed) route_item(p, l, n.router);
+        routed = true;
+        fc2_item(p, l, i, n.fc1_x, n.fc2_x);
+      });
+    base += n.fc2;
   }
 }
 
@@ -270,7 +261,7 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
 
 }  // namespace
 
-size_t decode_step_counter_words(int num_layers) { return size_t(num_layers + 1) * kLayerWords; }
+size_t decode_step_counter_words(int num_layers) { return size_t(num_layers) * kLayerWords; }
 
 size_t decode_step_items(int M, int num_layers, int H, int I, int E, int Hq, int Hkv, int D) {
   return size_t(num_layers) * Phases(M, H, I, E, Hq, Hkv, D).total();

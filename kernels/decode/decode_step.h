@@ -1,13 +1,16 @@
 // The persistent decode step: all layers of one decode step (M <= 8 tokens) in one launch. Every
 // resident CTA walks the same global sequence of work items (per layer: qkv tiles, attention splits,
-// o-proj tiles, router tiles, FC1 tiles per expert, FC2 tiles per expert), taking every gridDim-th
+// o-proj tiles, router tiles, FC1 tiles per expert, FC2 tiles per expert) and takes every gridDim-th
 // one. An item first issues its weight loads, then waits on a ready counter of the items it reads
 // from, so weights stream while the previous phase drains: there are no grid boundaries between the
 // six ops of a layer or between layers. Items only wait on items earlier in the sequence and every
 // CTA is resident (the grid is sized from the occupancy and launched cooperatively), so the item
 // with the lowest unfinished index can always run: no deadlock.
 // The kernel bodies are the ones of the per-op grids (gemv_body.cuh, moe_body.cuh,
-// attention_decode_body.cuh), so both paths compute bit-identical results.
+// attention_decode_body.cuh), so both paths compute bit-identical results. It pays from two tokens
+// on; at one token the per-op launches are faster (docs/perf.md, 2026-11-23): an item is a chain of
+// dependent memory round trips (weights, staging, outputs) that a phase waits for, and a CTA cannot
+// start the next phase's item while it runs one of the current phase.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -45,7 +48,6 @@ struct DecodeStepParams {
   float concentration = 1.f, eps = 1e-5f, alpha = 1.702f, limit = 7.f;
   int M = 1, H = 0, I = 0, E = 0, Hq = 0, Hkv = 0, D = 64, block_size = 16;
   bool kv_stable = false;   // one token per sequence: attention reads older keys before waiting
-  bool l2_prefetch = true;  // attention items prefetch the layer's o-proj + router weights into L2
   // Diagnostics (bench --step-trace): per work item in sequence order, 4 words: globaltimer ns at
   // entry, when its wait was satisfied (0: no wait), at exit, and sm | phase << 8 | layer << 16.
   unsigned long long* trace = nullptr;

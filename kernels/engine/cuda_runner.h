@@ -26,8 +26,10 @@ struct CudaEngineOptions {
   // MoE, flash attention); smaller steps run the decode kernels (in chunks of 8 tokens).
   int prefill_min_tokens = 9;
   bool flash_prefill_attention = true;
-  // Decode steps (M <= 8) as one persistent kernel (decode_step.h); false: six launches per layer.
-  bool persistent_decode = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
+  // Decode steps of at least this many tokens (up to 8) run as one persistent kernel (decode_step.h),
+  // smaller ones as six launches per layer: at one token the launches are faster (H100, 120b: 286 vs
+  // 250 tok/s), from two tokens on the persistent kernel is (docs/perf.md). 9: never.
+  int decode_step_min_tokens = 2;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
 };
 
 struct CudaLoadStats {

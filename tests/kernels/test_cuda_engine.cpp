@@ -292,7 +292,7 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   opt.num_kv_blocks = nblk * nseq + 2;
   opt.block_size = bs;
   opt.keep_logits = true;
-  opt.persistent_decode = persistent;
+  opt.decode_step_min_tokens = persistent ? 1 : 9;
   auto gpu = mx::make_cuda_runner(opt);
   gpu->set_use_graphs(graphs);
   std::vector<float> all;
@@ -333,6 +333,7 @@ void expect_persistent_equals_layered(const char* preset, int nseq, int P, int s
 }
 
 TEST(CudaRunner, PersistentDecodeEqualsLayeredTiny) { expect_persistent_equals_layered("tiny", 3, 5, 6, false); }
+TEST(CudaRunner, PersistentDecodeEqualsLayeredOneToken) { expect_persistent_equals_layered("mini", 1, 5, 4, true); }
 TEST(CudaRunner, PersistentDecodeEqualsLayeredMiniGraphs) { expect_persistent_equals_layered("mini", 8, 5, 5, true); }
 // 150-token prompts: the decode attention of the full layers runs two splits and their merge.
 TEST(CudaRunner, PersistentDecodeEqualsLayeredMiniLong) { expect_persistent_equals_layered("mini", 3, 150, 8, false); }
