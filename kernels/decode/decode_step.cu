@@ -181,7 +181,7 @@ __device__ __noinline__ void route_item(const DecodeStepParams& p, int l, unsign
 
 __device__ __noinline__ void fc1_item(const DecodeStepParams& p, int l, int i, int fc1_x) {
   const int slot = i / fc1_x;
-  if (slot < s_route.count) fc1_swiglu(moe_params(p, p.layers[l]), s_route, i % fc1_x, slot, s_red);
+  if (slot < s_route.count) fc1_swiglu<true>(moe_params(p, p.layers[l]), s_route, i % fc1_x, slot, s_red);
   signal(layer_counters(p, l) + kFc1Done + slot);
 }
 
@@ -189,7 +189,7 @@ __device__ __noinline__ void fc2_item(const DecodeStepParams& p, int l, int i, i
   unsigned* cnt = layer_counters(p, l);
   const int slot = i / fc2_x;
   if (slot < s_route.count)
-    fc2(moe_params(p, p.layers[l]), s_route, i % fc2_x, slot, s_red, FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
+    fc2<true>(moe_params(p, p.layers[l]), s_route, i % fc2_x, slot, s_red, FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
   signal(cnt + kFc2Done);
 }
 

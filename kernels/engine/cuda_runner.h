@@ -27,9 +27,9 @@ struct CudaEngineOptions {
   int prefill_min_tokens = 9;
   bool flash_prefill_attention = true;
   // Decode steps of at least this many tokens (up to 8) run as one persistent kernel (decode_step.h),
-  // smaller ones as six launches per layer: at one token the launches are faster (H100, 120b: 286 vs
-  // 250 tok/s), from two tokens on the persistent kernel is (docs/perf.md). 9: never.
-  int decode_step_min_tokens = 2;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
+  // smaller ones as six launches per layer, which are faster there (H100, 120b, tok/s at batch 1 / 4
+  // / 6: 287 / 766 / 849 vs 250 / 672 / 768; at 7 / 8: 799 / 786 vs 898 / 882; docs/perf.md). 9: never.
+  int decode_step_min_tokens = 7;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
 };
 
 struct CudaLoadStats {

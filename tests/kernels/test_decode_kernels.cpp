@@ -201,9 +201,10 @@ std::vector<float> forced_logits(const std::vector<std::array<int, 4>>& experts,
   return lg;
 }
 
-TEST(MoeDecode, Fc2DecodesMxfp4Exactly) {
+// M = 1 and M > 1 run the two forms of the E2M1 bit placement (mma_tile.cuh fp4_lo): both exact.
+void check_fc2_exact(int M) {
   std::mt19937 rng(6);
-  const int E = 5, H = 96, I = 96, M = 8;  // 6 row tiles, a partial 128-value segment
+  const int E = 5, H = 96, I = 96;  // 6 row tiles, a partial 128-value segment
   auto blocks = random_u8(size_t(E) * H * I / 2, rng), scales = random_u8(size_t(E) * H * I / 32, rng, 2, 128);
   std::vector<uint16_t> bias(size_t(E) * H, 0);
   DevBuf<uint8_t> db(blocks), ds(scales);
@@ -227,10 +228,12 @@ TEST(MoeDecode, Fc2DecodesMxfp4Exactly) {
       for (int r = 0; r < H; ++r) {
         const size_t row = size_t(ex[n][0]) * H + r;
         const float want = mxfp4_at(&blocks[row * I / 2], &scales[row * I / 32], k0 + n);
-        ASSERT_EQ(y[(size_t(n) * 4) * H + r], want) << "k=" << k0 + n << " n=" << n << " r=" << r;
+        ASSERT_EQ(y[(size_t(n) * 4) * H + r], want) << "M=" << M << " k=" << k0 + n << " n=" << n << " r=" << r;
       }
   }
 }
+TEST(MoeDecode, Fc2DecodesMxfp4ExactlyOneToken) { check_fc2_exact(1); }
+TEST(MoeDecode, Fc2DecodesMxfp4ExactlyEightTokens) { check_fc2_exact(8); }
 
 void check_moe(int M, int E, int H, int I, uint64_t seed) {
   std::mt19937 rng(seed);
