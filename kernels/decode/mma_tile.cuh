@@ -62,7 +62,8 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 //   multiply : the masked nibbles times (2^a + 2^b) make both shifted copies at once (they do not
 //              overlap, so nothing carries), one mask keeps the wanted bits (three ops, one an IMAD).
 // With several tokens per step the multiply form measured faster (120b batch 4: 836 vs 766 tok/s),
-// with one token slower (283 vs 287): kMul selects it (docs/perf.md, 2026-11-23).
+// with one token slower (283 vs 287): kMul selects it; the prefill MoE always uses it (docs/perf.md,
+// 2026-11-23).
 template <bool kMul>
 __device__ __forceinline__ uint32_t fp4_lo(uint32_t t) {
   if (kMul) return ((t & 0x000F000Fu) * ((1u << 6) + (1u << 12))) & 0x81C081C0u;

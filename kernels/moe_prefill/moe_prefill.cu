@@ -98,11 +98,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t
                : "r"(a));
 }
 // Byte t of w (two E2M1 values, low nibble first) -> bf16x2, times 2^(scale - 127). The nibble bits
-// land on the bf16 exponent/mantissa so the value comes out times 2^-126, and `mult` (2^(scale-1),
-// from mma::e8m0_mult) restores both factors in one exact multiply.
+// land on the bf16 exponent/mantissa so the value comes out times 2^-126 (mma::fp4_lo, its multiply
+// form: +1.8 % pp2048 on both models over the shifts), and `mult` (2^(scale-1), from
+// mma::e8m0_mult) restores both factors in one exact multiply.
 __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t sel, uint32_t mult) {
   const uint32_t u = __byte_perm(w, w >> 4, sel);  // low nibble -> bits 0-3, high nibble -> bits 16-19
-  const uint32_t b = ((u & 0x00070007u) << 6) | ((u & 0x00080008u) << 12);
+  const uint32_t b = mma::fp4_lo<true>(u);
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(b), "r"(mult), "r"(0x80008000u));
   return d;
