@@ -60,7 +60,7 @@ __device__ __forceinline__ int first_item(int base) {
 }
 
 // Two CTAs per SM: the item functions then fit their registers (up to 255) without spilling. At three
-// (168 registers) the call ABI made the attention item spill and the step ran 4 % slower at batch 1
+// (168 registers) the call ABI made the attention item spill and the step ran 2 % slower at batch 1
 // (docs/perf.md, 2026-11-23).
 constexpr int kStepCtasPerSm = 2;
 
