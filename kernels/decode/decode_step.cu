@@ -234,20 +234,24 @@ size_t smem_bytes(const DecodeStepParams& p) {
 }
 
 template <int D>
+void allow_smem() {
+  MX_CUDA(cudaFuncSetAttribute(decode_step_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+}
+
+template <int D>
 void launch(const DecodeStepParams& p, cudaStream_t s) {
-  static int per_sm[kDecodeMaxTokens + 1] = {};  // resident CTAs per SM, by M
-  static int sms = 0;
+  static bool init = (allow_smem<D>(), true);
+  (void)init;
+  // Resident CTAs per SM for this shape (not cached: runners of different shapes may share a process;
+  // in graph mode this runs once, at capture).
   const size_t smem = smem_bytes(p);
-  if (!per_sm[p.M]) {
-    MX_CUDA(cudaFuncSetAttribute(decode_step_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
-    int dev = 0;
-    MX_CUDA(cudaGetDevice(&dev));
-    MX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[p.M], decode_step_k<D>, 128, smem));
-    if (per_sm[p.M] < 1) throw_error("decode_step: the kernel does not fit on an SM");
-  }
+  int dev = 0, sms = 0, per_sm = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  MX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step_k<D>, 128, smem));
+  if (per_sm < 1) throw_error("decode_step: the kernel does not fit on an SM");
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(per_sm[p.M] * sms);
+  cfg.gridDim = dim3(per_sm * sms);
   cfg.blockDim = dim3(128);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
