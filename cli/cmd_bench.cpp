@@ -115,7 +115,7 @@ void write_step_trace(CudaRunnerBase& r, const std::vector<int32_t>& bt, int dep
   for (int i = 0; i < 3; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
   const std::vector<uint64_t> t = r.last_step_trace();
   r.set_step_trace(false);
-  if (t.empty()) fail("--step-trace: the decode step did not run the persistent kernel");
+  if (t.empty()) fail("--step-trace traces a 1-token step: add --decode-step-min-tokens 1");
   uint64_t t0 = ~0ull;
   for (size_t i = 0; i < t.size(); i += 4)
     if (t[i]) t0 = std::min(t0, t[i]);
@@ -275,7 +275,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--prefill-min-tokens", o->prefill_min_tokens,
                   "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");
-  cmd->add_option("--step-trace", o->step_trace, "write the persistent decode step's per-item timeline (CSV) here");
+  cmd->add_option("--step-trace", o->step_trace,
+                  "write the persistent decode step's per-item timeline of a 1-token step (CSV) here; needs "
+                  "--decode-step-min-tokens 1");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
   cmd->add_option("--decode-step-min-tokens", o->decode_step_min_tokens,

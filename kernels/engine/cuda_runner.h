@@ -25,11 +25,11 @@ struct CudaEngineOptions {
   // Steps with at least this many tokens run the tensor-core prefill path (cuBLASLt GEMMs, grouped
   // MoE, flash attention); smaller steps run the decode kernels (in chunks of 8 tokens).
   int prefill_min_tokens = 9;
-  bool flash_prefill_attention = true;
+  bool flash_prefill_attention = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
   // Decode steps of at least this many tokens (up to 8) run as one persistent kernel (decode_step.h),
   // smaller ones as six launches per layer, which are faster there (H100, 120b, tok/s at batch 1 / 4
   // / 6: 287 / 766 / 849 vs 250 / 672 / 768; at 7 / 8: 799 / 786 vs 898 / 882; docs/perf.md). 9: never.
-  int decode_step_min_tokens = 7;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
+  int decode_step_min_tokens = 7;
 };
 
 struct CudaLoadStats {
