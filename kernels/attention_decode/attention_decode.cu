@@ -1,3 +1,4 @@
+// The decode attention as its own grid, (KV head, token, split); the body is attention_decode_body.cuh.
 #include "kernels/attention_decode/attention_decode.h"
 
 #include <string>
@@ -11,8 +12,8 @@ namespace {
 
 template <int D>
 __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
-  body::attn_decode<D>(p, blockIdx.x, blockIdx.y, blockIdx.z, (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x,
-                       gridDim.x * gridDim.y * gridDim.z, PdlWait{});
+  const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  body::attn_decode<D>(p, blockIdx.x, blockIdx.y, blockIdx.z, cta, gridDim.x * gridDim.y * gridDim.z, PdlWait{});
 }
 
 }  // namespace

@@ -104,7 +104,8 @@ void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, i
   check_m(M);
   static bool init = (allow_smem(gemv_k<body::kLmHeadSplit>), true);
   (void)init;
-  launch_pdl(gemv_k<body::kLmHeadSplit>, dim3(body::tiles_ctas((V + 15) / 16, body::kLmHeadSplit)), dim3(128), smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false});
+  launch_pdl(gemv_k<body::kLmHeadSplit>, dim3(body::tiles_ctas((V + 15) / 16, body::kLmHeadSplit)), dim3(128),
+             smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false});
 }
 
 void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bias, float* y, int M, int N, int K,

@@ -189,7 +189,8 @@ __device__ __noinline__ void fc2_item(const DecodeStepParams& p, int l, int i, i
   unsigned* cnt = layer_counters(p, l);
   const int slot = i / fc2_x;
   if (slot < s_route.count)
-    fc2<true>(moe_params(p, p.layers[l]), s_route, i % fc2_x, slot, s_red, FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
+    fc2<true>(moe_params(p, p.layers[l]), s_route, i % fc2_x, slot, s_red,
+              FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
   signal(cnt + kFc2Done);
 }
 

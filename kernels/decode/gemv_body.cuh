@@ -31,7 +31,9 @@ __host__ __device__ inline int tiles_ctas(int ntiles, int ksplit) {
   const int per = kWarps / ksplit;
   return (ntiles + per - 1) / per;
 }
-__host__ __device__ inline int qkv_ctas(int Hq, int Hkv, int D) { return tiles_ctas((Hq + 2 * Hkv) * D / 16, kQkvSplit); }
+__host__ __device__ inline int qkv_ctas(int Hq, int Hkv, int D) {
+  return tiles_ctas((Hq + 2 * Hkv) * D / 16, kQkvSplit);
+}
 __host__ __device__ inline int oproj_ctas(int N) { return tiles_ctas((N + 15) / 16, kOprojSplit); }
 __host__ __device__ inline int router_ctas(int E) { return tiles_ctas((E + 15) / 16, kRouterSplit); }
 

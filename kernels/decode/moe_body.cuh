@@ -149,7 +149,8 @@ __device__ __forceinline__ void fc1_swiglu(const MoeDecodeParams& p, const Routi
 // FC2 + bias, times the routing weight, into y_slot, for distinct expert `slot` (< r.count). wait()
 // guards FC1's activations; the weight loads before it only need the routing.
 template <bool kMul, class Wait>
-__device__ __forceinline__ void fc2(const MoeDecodeParams& p, const Routing& r, int cta, int slot, float* red, Wait wait) {
+__device__ __forceinline__ void fc2(const MoeDecodeParams& p, const Routing& r, int cta, int slot, float* red,
+                                    Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   constexpr int KSPLIT = kFc2Split;
   const int e = r.experts[slot], H = p.H, I = p.I;

@@ -18,7 +18,8 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   const int D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
   const StepMeta& m = dmeta_;
   cudaStream_t s = stream_;
-  if (M >= opt_.decode_step_min_tokens && !profiling_ && !skip_) return forward_decode_step(t0, M, s0, S, one_token_per_seq);
+  if (M >= opt_.decode_step_min_tokens && !profiling_ && !skip_)
+    return forward_decode_step(t0, M, s0, S, one_token_per_seq);
   const LayerSizes ls(c);
   // Bytes each kernel reads, for the profile (experts: distinct experts expected for M tokens).
   const double touched = expected_distinct_experts(c, M);
