@@ -17,3 +17,11 @@ namespace mx::cuda {
       ::mx::cuda::throw_error(std::string("CUDA error ") + cudaGetErrorString(e_) + " at " + __FILE__ + \
                               ":" + std::to_string(__LINE__));                                   \
   } while (0)
+
+namespace mx::cuda {
+// Lets `kernel` take up to 160 KiB of dynamic shared memory (the decode kernels' staged activations).
+template <class K>
+void allow_dynamic_smem(K kernel) {
+  MX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+}
+}  // namespace mx::cuda

@@ -60,10 +60,6 @@ __global__ void count_bad_scales_k(const uint8_t* s, size_t n, unsigned long lon
   if (c) atomicAdd(bad, c);
 }
 
-template <class K>
-void allow_smem(K kernel) {
-  MX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
-}
 size_t smem_bytes(int M, int K) { return size_t(M) * staged_ld(K) * 2; }
 void check_m(int M) {
   if (M < 1 || M > kDecodeMaxTokens)
@@ -75,14 +71,14 @@ void check_m(int M) {
 void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
   check_m(p.M);
   if (p.D % 16 || p.H % 32) throw_error("qkv decode: head_dim must be a multiple of 16 and hidden of 32");
-  static bool init = (allow_smem(qkv_rope_kv_k), true);
+  static bool init = (allow_dynamic_smem(qkv_rope_kv_k), true);
   (void)init;
   launch_pdl(qkv_rope_kv_k, dim3(body::qkv_ctas(p.Hq, p.Hkv, p.D)), dim3(128), smem_bytes(p.M, p.H), s, p);
 }
 
 void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {
   check_m(p.M);
-  static bool init = (allow_smem(gemv_k<body::kOprojSplit, body::kOprojU>), true);
+  static bool init = (allow_dynamic_smem(gemv_k<body::kOprojSplit, body::kOprojU>), true);
   (void)init;
   launch_pdl(gemv_k<body::kOprojSplit, body::kOprojU>, dim3(body::oproj_ctas(p.N)), dim3(128), smem_bytes(p.M, p.K), s,
              GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true});
@@ -90,7 +86,7 @@ void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {
 
 void bf16_router(const RouterParams& p, cudaStream_t s) {
   check_m(p.M);
-  static bool init = (allow_smem(router_k), true);
+  static bool init = (allow_dynamic_smem(router_k), true);
   (void)init;
   launch_pdl(router_k, dim3(body::router_ctas(p.E), kRouterSplits), dim3(128), smem_bytes(p.M, p.H), s, p);
 }
@@ -102,7 +98,7 @@ void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const ui
 
 void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, int V, int H, cudaStream_t s) {
   check_m(M);
-  static bool init = (allow_smem(gemv_k<body::kLmHeadSplit>), true);
+  static bool init = (allow_dynamic_smem(gemv_k<body::kLmHeadSplit>), true);
   (void)init;
   launch_pdl(gemv_k<body::kLmHeadSplit>, dim3(body::tiles_ctas((V + 15) / 16, body::kLmHeadSplit)), dim3(128),
              smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false});
@@ -112,7 +108,7 @@ void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bia
                        cudaStream_t s) {
   check_m(M);
   if (K % 32) throw_error("bf16_gemv_small_m: K=" + std::to_string(K) + " must be a multiple of 32");
-  static bool init = (allow_smem(gemv_k<4>), true);
+  static bool init = (allow_dynamic_smem(gemv_k<4>), true);
   (void)init;
   launch_pdl(gemv_k<4>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s, GemvParams{x, w, bias, y, M, N, K, false});
 }

@@ -235,13 +235,8 @@ size_t smem_bytes(const DecodeStepParams& p) {
 }
 
 template <int D>
-void allow_smem() {
-  MX_CUDA(cudaFuncSetAttribute(decode_step_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
-}
-
-template <int D>
 void launch(const DecodeStepParams& p, cudaStream_t s) {
-  static bool init = (allow_smem<D>(), true);
+  static bool init = (allow_dynamic_smem(decode_step_k<D>), true);
   (void)init;
   // Resident CTAs per SM for this shape (not cached: runners of different shapes may share a process;
   // in graph mode this runs once, at capture).

@@ -35,11 +35,6 @@ __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   if (int(blockIdx.y) < r.count) fc2<kMul>(p, r, blockIdx.x, blockIdx.y, red, PdlWait{});
 }
 
-template <class K>
-void allow_smem(K kernel) {
-  MX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
-}
-
 void check(const MoeDecodeParams& p) {
   if (p.M < 1 || p.M > kMaxDecodeTokens) throw_error("moe decode: M must be 1..8, got " + std::to_string(p.M));
   if (p.E < kTopK || p.E > 128) throw_error("moe decode: expert count must be 4..128");
@@ -50,7 +45,7 @@ void check(const MoeDecodeParams& p) {
 
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
-  static bool init = (allow_smem(fc1_k<false>), allow_smem(fc1_k<true>), true);
+  static bool init = (allow_dynamic_smem(fc1_k<false>), allow_dynamic_smem(fc1_k<true>), true);
   (void)init;
   launch_pdl(p.M > 1 ? fc1_k<true> : fc1_k<false>, dim3(fc1_ctas(p.I), moe_slots(p.M, p.E)), dim3(128),
              size_t(p.M) * staged_ld(p.H) * 2, s, p);
@@ -58,7 +53,7 @@ void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
 
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
-  static bool init = (allow_smem(fc2_k<false>), allow_smem(fc2_k<true>), true);
+  static bool init = (allow_dynamic_smem(fc2_k<false>), allow_dynamic_smem(fc2_k<true>), true);
   (void)init;
   launch_pdl(p.M > 1 ? fc2_k<true> : fc2_k<false>, dim3(fc2_ctas(p.H), moe_slots(p.M, p.E)), dim3(128),
              size_t(p.M) * staged_ld(p.I) * 2, s, p);
