@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,17 +40,23 @@ Stat stat(const std::vector<double>& v) {
 }
 
 #ifdef MXSERVE_HAVE_CUDA
-// One batch-1 decode step at the given depth, run eagerly with an event after every kernel: time,
-// bytes and achieved bandwidth per kernel kind (all layers summed). Event gaps include launch gaps,
-// so the total is slower than a graph replay; the table says where the time goes, not the speed.
-void print_breakdown(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth, double copy_gbps, int n) {
-  std::vector<int32_t> toks(n, 1);
+// One sequence's step of `toks` at `depth`, greedy, sampled (the diagnostics below).
+SeqStep greedy_step(std::span<const int32_t> toks, int depth, const std::vector<int32_t>& bt) {
   SeqStep s;
   s.tokens = toks;
   s.start_pos = depth;
   s.block_table = bt;
   s.sample = true;
   s.sampling.temperature = 0;
+  return s;
+}
+
+// One batch-1 decode step at the given depth, run eagerly with an event after every kernel: time,
+// bytes and achieved bandwidth per kernel kind (all layers summed). Event gaps include launch gaps,
+// so the total is slower than a graph replay; the table says where the time goes, not the speed.
+void print_breakdown(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth, double copy_gbps, int n) {
+  const std::vector<int32_t> toks(n, 1);
+  const SeqStep s = greedy_step(toks, depth, bt);
   SampleResult res;
   r.set_profiling(true);
   r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));  // warm-up
@@ -72,13 +79,8 @@ void print_breakdown(CudaRunnerBase& r, const std::vector<int32_t>& bt, int dept
 // kind's marginal cost in the real schedule (graph + programmatic dependent launch), which the eager
 // table above, with an event after every kernel, cannot show.
 void print_graph_marginals(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth) {
-  int32_t tok = 1;
-  SeqStep s;
-  s.tokens = std::span<const int32_t>(&tok, 1);
-  s.start_pos = depth;
-  s.block_table = bt;
-  s.sample = true;
-  s.sampling.temperature = 0;
+  const int32_t tok = 1;
+  const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
   auto step_ms = [&](uint32_t mask) {
     r.set_decode_skip(mask);
@@ -103,13 +105,8 @@ void print_graph_marginals(CudaRunnerBase& r, const std::vector<int32_t>& bt, in
 // layer, phase (0 qkv, 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait
 // satisfied (0: none) / exit times in ns from the step's first item.
 void write_step_trace(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth, const std::string& path) {
-  std::vector<int32_t> toks(1, 1);
-  SeqStep s;
-  s.tokens = toks;
-  s.start_pos = depth;
-  s.block_table = bt;
-  s.sample = true;
-  s.sampling.temperature = 0;
+  const int32_t tok = 1;
+  const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
   r.set_step_trace(true);
   for (int i = 0; i < 3; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
