@@ -39,6 +39,8 @@ def one_request(url, args, prompt, api_key):
         body = {"model": args.model, "prompt": prompt}
     body.update({"max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True,
                  "stream_options": {"include_usage": True}, "ignore_eos": True})
+    if args.top_p is not None:
+        body["top_p"] = args.top_p
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
@@ -124,6 +126,7 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=None, help="send top_p (default: not sent)")
     ap.add_argument("--requests-per-slot", type=int, default=2)
     ap.add_argument("--min-requests", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600.0)

@@ -6,6 +6,7 @@
 
 #include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/stream_random.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -97,17 +98,8 @@ __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, in
   }
 }
 
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-// Uniform in (0, 1) for vocabulary id i of a row's random stream (24 bits, never 0 or 1). The inner
-// log of the Gumbel noise is the accurate logf: near u = 1, __logf's absolute error exceeds -log(u).
-__device__ __forceinline__ float stream_uniform(uint64_t key, int i) {
-  return (float(mix64(key + uint64_t(i) * 0x9e3779b97f4a7c15ull) >> 40) + 0.5f) * (1.0f / 16777216.0f);
-}
-
+// The inner log of the Gumbel noise is the accurate logf: near u = 1, __logf's absolute error exceeds
+// -log(u). stream_uniform: kernels/common/stream_random.cuh.
 // Greedy pick / Gumbel sample + log-softmax, split over kArgmaxChunks CTAs per row (one CTA per row
 // left the 0.8 MB logit row of a 201k vocabulary to a single SM: 32 us per token). Each chunk
 // leaves (best score, its id, max logit, sum of exp(logit - max)); argmax_merge_k combines them.

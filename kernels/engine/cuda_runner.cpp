@@ -18,6 +18,7 @@
 #include "kernels/decode/decode_kernels.h"
 #include "kernels/engine/runner_impl.h"
 #include "kernels/moe_prefill/moe_prefill.h"
+#include "kernels/sampling/sample_filtered.h"
 #include "model/checkpoint.h"
 #include "model/rope.h"
 #include "model/sampler.h"
@@ -220,6 +221,9 @@ void CudaRunner::plan_memory() {
     m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_;
     m.sample_key = reinterpret_cast<uint64_t*>(base + meta_key_off());
     m.inv_temp = reinterpret_cast<float*>(base + meta_key_off() + 2 * S_);
+    m.top_p = reinterpret_cast<float*>(base + meta_key_off() + 3 * S_);
+    m.min_p = reinterpret_cast<float*>(base + meta_key_off() + 4 * S_);
+    m.top_k = base + meta_key_off() + 5 * S_;
     m.bt = base + meta_tail();
   };
   lay(hm, hmeta_);
@@ -336,10 +340,12 @@ void CudaRunner::check_scales() {
 
 bool CudaRunner::prefill_path_supported() const { return cfg_.head_dim == 64; }
 
-// Plain temperature sampling (no top-k / top-p / min-p, no alternatives to report) runs on the GPU
-// in the greedy-pick kernel; everything else samples on the host from the copied logits.
-static bool gpu_samples(const SamplingParams& p) {
-  return p.temperature > 0.f && p.top_k == 0 && p.top_p >= 1.f && p.min_p <= 0.f && p.top_logprobs == 0;
+// Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
+// it (kernels/sampling/sample_filtered.h). Only requests for alternatives (top_logprobs) sample on the
+// host from the copied logits.
+static bool gpu_samples(const SamplingParams& p) { return p.temperature > 0.f && p.top_logprobs == 0; }
+static bool gpu_filters(const SamplingParams& p) {
+  return gpu_samples(p) && (p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f);
 }
 static bool host_samples(const SamplingParams& p) {
   return (p.temperature > 0.f || p.top_logprobs > 0) && !gpu_samples(p);
@@ -349,6 +355,7 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   MX_CHECK(out.size() == seqs.size(), "step: out.size() {} != seqs.size() {}", out.size(), seqs.size());
   const StepMeta& h = hmeta_;
   int M = 0, S = 0, nbt = 0, n_decode = 0;
+  bool filters = false;
   std::vector<int>& sample_seq = sample_seq_;
   std::vector<std::array<int, 3>>& layout = layout_;
   sample_seq.clear();
@@ -389,6 +396,11 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
       h.srow_local[S] = (M - 1) % cuda::kDecodeMaxTokens;
       h.inv_temp[S] = gpu_samples(q.sampling) ? 1.0f / q.sampling.temperature : 0.0f;
       h.sample_key[S] = sample_stream_key(q.sampling.seed, q.rng_step);
+      const bool f = gpu_filters(q.sampling);
+      h.top_k[S] = f ? q.sampling.top_k : 0;
+      h.top_p[S] = f ? q.sampling.top_p : 1.f;
+      h.min_p[S] = f ? q.sampling.min_p : 0.f;
+      filters |= f;
       ++S;
       sample_seq.push_back(int(i));
     }
@@ -425,6 +437,13 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
     forward_prefill(M, S, layout, n_decode);
   }
   MX_CUDA(cudaGetLastError());
+  if (filters) {  // outside the decode graphs: steps without filters pay nothing
+    cuda::SampleFilterParams f;
+    f.logits = logits_; f.stride = cfg_.vocab_size; f.V = vocab_limit_; f.S = S;
+    f.inv_temp = dmeta_.inv_temp; f.keys = dmeta_.sample_key; f.top_k = dmeta_.top_k; f.top_p = dmeta_.top_p;
+    f.min_p = dmeta_.min_p; f.tok = reinterpret_cast<int32_t*>(dres_); f.logprob = dres_ + S;
+    cuda::sample_filtered(f, stream_);
+  }
   bool need_logits = opt_.keep_logits;
   for (int i : sample_seq) need_logits |= host_samples(seqs[i].sampling);
   if (S > 0) {

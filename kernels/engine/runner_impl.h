@@ -43,6 +43,8 @@ struct StepMeta {
   int32_t *tok, *pos, *slot, *bt_off, *srow, *srow_local, *decode_rows, *bt;
   uint64_t* sample_key;  // [S] random stream of each sampled row (GPU sampling)
   float* inv_temp;       // [S] 1 / temperature for GPU sampling, 0 = greedy (or sampled on the host)
+  float *top_p, *min_p;  // [S] filters of GPU sampling (1 / 0 = off)
+  int32_t* top_k;        // [S] 0 = off
 };
 
 class CudaRunner final : public CudaRunnerBase {
@@ -81,9 +83,9 @@ class CudaRunner final : public CudaRunnerBase {
   void forward_prefill(int M, int S, const std::vector<std::array<int, 3>>& seqs, int n_decode);
   void final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
   // int32 words of the step metadata before the block tables: 7 token arrays, then (at an even
-  // offset) the 64-bit sample keys and the inverse temperatures of the sampled rows.
+  // offset) the 64-bit sample keys, the inverse temperatures, top_p, min_p and top_k of the sampled rows.
   int meta_key_off() const { return (7 * T_ + 1) & ~1; }  // even: the 64-bit keys stay 8-byte aligned
-  int meta_tail() const { return meta_key_off() + 3 * S_; }
+  int meta_tail() const { return meta_key_off() + 6 * S_; }
   void run_decode_graph(int M);
 
   // Kernel timing for `bench --breakdown` (eager steps only).
