@@ -1,9 +1,11 @@
-// Filtered sampling on the GPU (see sample_filtered.h). One thread-block cluster of kCtas CTAs per row:
-// each CTA sweeps 1/kCtas of the row's logits (0.8 MB, L2-resident after lm_head) per pass, and the
-// per-pass results (maxima, counts, radix histograms, best draws) are combined through distributed
-// shared memory. Every CTA combines them the same way in the same order, so all make the same radix
-// decisions without another broadcast.
+// Filtered sampling on the GPU (see sample_filtered.h). One thread-block cluster of kCtas CTAs per row
+// (sm_90+; one CTA per row before): each CTA sweeps its slice of the row's logits (0.8 MB,
+// L2-resident after lm_head) per pass, and the per-pass results (maxima, counts, radix histograms,
+// best draws) are combined through distributed shared memory. Every CTA combines them the same way in
+// the same order, so all make the same radix decisions without another broadcast.
 #include "kernels/sampling/sample_filtered.h"
+
+#include <atomic>
 
 #include <cooperative_groups.h>
 
@@ -15,9 +17,31 @@ namespace mx::cuda {
 namespace {
 namespace cg = cooperative_groups;
 
-constexpr int kCtas = 8, kThreads = 1024, kWarps = kThreads / 32, kBins = 256;
+// Cluster launches (sm_90+ with 100+ KB of shared memory per CTA): 8 CTAs of 1024 threads per row.
+// Elsewhere one CTA of 512 threads per row (48 KB of shared memory), slower but within every limit.
+constexpr int kCtas = 8, kBins = 256;
 
+// The CTAs that share a row: the thread-block cluster where the architecture has them, else the CTA.
+struct RowGroup {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cl = cg::this_cluster();
+  __device__ int rank() const { return int(cl.block_rank()); }
+  __device__ int size() const { return int(cl.num_blocks()); }
+  __device__ void sync() { cl.sync(); }
+  template <class T>
+  __device__ T* at(T* p, int r) { return cl.map_shared_rank(p, r); }
+#else
+  __device__ int rank() const { return 0; }
+  __device__ int size() const { return 1; }
+  __device__ void sync() { __syncthreads(); }
+  template <class T>
+  __device__ T* at(T* p, int) { return p; }
+#endif
+};
+
+template <int kThreads>
 struct Shared {
+  static constexpr int kWarps = kThreads / 32;
   uint32_t cnt[kWarps][kBins];  // per warp: no contention across warps, summed in a fixed order
   uint64_t mass[kWarps][kBins];
   uint64_t tot[kBins];          // this CTA's bucket totals (read by the whole cluster)
@@ -38,7 +62,7 @@ struct Row {
 };
 
 // Block-wide sum, then the cluster's (every CTA gets the total).
-template <class T>
+template <int kWarps, class T>
 __device__ T block_sum(T v, T* red) {
   for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   __syncthreads();
@@ -53,8 +77,9 @@ __device__ T block_sum(T v, T* red) {
 // candidates with key >= t hold `need` of them (kMass false) or at least ceil(top_p * total) of their
 // fixed-point weight (kMass true, `need` ignored). Keys are unique (they carry the id), so the count
 // form keeps exactly `need`.
-template <bool kMass, class In>
-__device__ uint64_t radix_select(cg::cluster_group& cl, const Row& r, In in, uint64_t need, float top_p, Shared& sh) {
+template <bool kMass, int kThreads, class In>
+__device__ uint64_t radix_select(RowGroup& cl, const Row& r, In in, uint64_t need, float top_p, Shared<kThreads>& sh) {
+  constexpr int kWarps = kThreads / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint64_t prefix = 0;
   for (int shift = 56; shift >= 0; shift -= 8) {
@@ -89,8 +114,8 @@ __device__ uint64_t radix_select(cg::cluster_group& cl, const Row& r, In in, uin
     if (threadIdx.x < kBins) {
       uint32_t n = 0;
       uint64_t m = 0;
-      for (int c = 0; c < kCtas; ++c) {
-        const Shared* o = cl.map_shared_rank(&sh, c);
+      for (int c = 0; c < cl.size(); ++c) {
+        const Shared<kThreads>* o = cl.at(&sh, c);
         n += o->tcnt[threadIdx.x];
         m += o->tot[threadIdx.x];
       }
@@ -136,17 +161,19 @@ __device__ uint64_t radix_select(cg::cluster_group& cl, const Row& r, In in, uin
   return prefix;
 }
 
+template <int kThreads>
 __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams p) {
-  cg::cluster_group cl = cg::this_cluster();
-  const int s = blockIdx.x / kCtas, rank = int(cl.block_rank());
+  constexpr int kWarps = kThreads / 32;
+  RowGroup cl;
+  const int ctas = cl.size(), s = blockIdx.x / ctas, rank = cl.rank();
   const float it = p.inv_temp[s];
   const int top_k = p.top_k[s];
   const float top_p = p.top_p[s], min_p = p.min_p[s];
   if (!(it > 0.f) || (top_k <= 0 && top_p >= 1.f && min_p <= 0.f)) return;  // uniform per cluster
   extern __shared__ __align__(16) unsigned char smem[];
-  Shared& sh = *reinterpret_cast<Shared*>(smem);
+  Shared<kThreads>& sh = *reinterpret_cast<Shared<kThreads>*>(smem);
   const float* row = p.logits + size_t(s) * p.stride;
-  const int chunk = (p.V + kCtas - 1) / kCtas, lo = min(p.V, rank * chunk), hi = min(p.V, lo + chunk);
+  const int chunk = (p.V + ctas - 1) / ctas, lo = min(p.V, rank * chunk), hi = min(p.V, lo + chunk);
 
   // Pass 1: max logit and finite count.
   float mx = -INFINITY;
@@ -161,13 +188,13 @@ __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams
   if ((threadIdx.x & 31) == 0) sh.fred[threadIdx.x >> 5] = mx;
   __syncthreads();
   for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, sh.fred[w]);
-  valid = block_sum(valid, sh.ired);
+  valid = block_sum<kWarps>(valid, sh.ired);
   if (threadIdx.x == 0) { sh.part_f[0] = mx; sh.part_i[0] = valid; }
   cl.sync();
   float bm = -INFINITY;
   int n_valid = 0;
-  for (int c = 0; c < kCtas; ++c) {
-    const Shared* o = cl.map_shared_rank(&sh, c);
+  for (int c = 0; c < ctas; ++c) {
+    const Shared<kThreads>* o = cl.at(&sh, c);
     bm = fmaxf(bm, o->part_f[0]);
     n_valid += o->part_i[0];
   }
@@ -177,12 +204,12 @@ __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams
 
   auto is_valid = [](float x, int) { return sf::valid(x); };
   uint64_t tk = 0;  // keys >= tk pass top_k
-  if (top_k > 0 && top_k < n_valid) tk = radix_select<false>(cl, r, is_valid, uint64_t(top_k), 1.f, sh);
+  if (top_k > 0 && top_k < n_valid) tk = radix_select<false, kThreads>(cl, r, is_valid, uint64_t(top_k), 1.f, sh);
   auto in_p = [&](float x, int i) {
     return sf::valid(x) && sf::order_key(x, i) >= tk && (min_p <= 0.f || sf::weight(x, bm, it) >= min_p);
   };
   uint64_t tp = 0;
-  if (top_p < 1.f) tp = radix_select<true>(cl, r, in_p, 0, top_p, sh);
+  if (top_p < 1.f) tp = radix_select<true, kThreads>(cl, r, in_p, 0, top_p, sh);
 
   // Gumbel-max over the kept candidates; the softmax denominator of the raw logits for the log-prob.
   const uint64_t key = p.keys[s];
@@ -200,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams
     const int oi = __shfl_xor_sync(0xffffffffu, id, o);
     if (ob > best || (ob == best && oi < id)) { best = ob; id = oi; }
   }
-  z = block_sum(z, sh.fred);
+  z = block_sum<kWarps>(z, sh.fred);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) { sh.fred[threadIdx.x >> 5] = best; sh.ired[threadIdx.x >> 5] = id; }
   __syncthreads();
@@ -214,8 +241,8 @@ __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams
   cl.sync();
   if (rank == 0 && threadIdx.x == 0) {
     float zt = 0.f;
-    for (int c = 0; c < kCtas; ++c) {  // ranks hold increasing id ranges: strict > keeps the lowest id
-      const Shared* o = cl.map_shared_rank(&sh, c);
+    for (int c = 0; c < ctas; ++c) {  // ranks hold increasing id ranges: strict > keeps the lowest id
+      const Shared<kThreads>* o = cl.at(&sh, c);
       zt += o->part_f[1];
       if (c == 0 || o->part_f[0] > best) { best = o->part_f[0]; id = o->part_i[0]; }
     }
@@ -227,28 +254,47 @@ __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams
   cl.sync();  // the other CTAs' shared memory stays alive until rank 0 has read it
 }
 
-}  // namespace
-
-void sample_filtered(const SampleFilterParams& p, cudaStream_t s) {
-  if (p.S <= 0) return;
+template <int kThreads>
+void launch(const SampleFilterParams& p, int ctas, cudaStream_t s) {
   static const bool init = [] {
-    MX_CUDA(cudaFuncSetAttribute(sample_filtered_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sizeof(Shared))));
+    MX_CUDA(cudaFuncSetAttribute(sample_filtered_k<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(sizeof(Shared<kThreads>))));
     return true;
   }();
   (void)init;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.S * kCtas);
+  cfg.gridDim = dim3(p.S * ctas);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = sizeof(Shared);
+  cfg.dynamicSmemBytes = sizeof(Shared<kThreads>);
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCtas;
+  attr[0].val.clusterDim.x = ctas;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  MX_CUDA(cudaLaunchKernelEx(&cfg, sample_filtered_k, p));
+  cfg.numAttrs = ctas > 1 ? 1 : 0;
+  MX_CUDA(cudaLaunchKernelEx(&cfg, sample_filtered_k<kThreads>, p));
+}
+
+}  // namespace
+
+void sample_filtered(const SampleFilterParams& p, cudaStream_t s) {
+  if (p.S <= 0) return;
+  // Per device, asked once: 1 = clusters, 2 = one CTA per row (the attribute queries cost microseconds).
+  static std::atomic<int> path[64];
+  int dev = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  int how = dev < 64 ? path[dev].load(std::memory_order_relaxed) : 0;
+  if (!how) {
+    int major = 0, smem = 0;
+    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MX_CUDA(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    how = major >= 9 && smem >= int(sizeof(Shared<1024>)) ? 1 : 2;
+    if (dev < 64) path[dev].store(how, std::memory_order_relaxed);
+  }
+  if (how == 1 && !p.one_cta_per_row) launch<1024>(p, kCtas, s);
+  else launch<512>(p, 1, s);
 }
 
 }  // namespace mx::cuda

@@ -29,6 +29,7 @@ struct SampleFilterParams {
   const float* min_p = nullptr;      // [S] 0 = off
   int32_t* tok = nullptr;            // [S] overwritten for filtered rows
   float* logprob = nullptr;          // [S] log-softmax of the raw logits at the token
+  bool one_cta_per_row = false;      // the path of GPUs without clusters (so tests run it anywhere)
 };
 void sample_filtered(const SampleFilterParams& p, cudaStream_t s);
 

@@ -21,14 +21,15 @@ struct Rows {
   std::vector<uint64_t> keys;
 };
 
-std::vector<int32_t> run(const Rows& r, int S, int stride, int V, std::vector<float>* lp = nullptr) {
+std::vector<int32_t> run(const Rows& r, int S, int stride, int V, std::vector<float>* lp = nullptr,
+                         bool one_cta = false) {
   DevBuf<float> dl(r.logits), dit(r.inv_temp), dtp(r.top_p), dmp(r.min_p);
   DevBuf<float> dlp{size_t(S)};
   DevBuf<int32_t> dtk(r.top_k), dtok(std::vector<int32_t>(S, -7));
   DevBuf<uint64_t> dk(r.keys);
   cuda::SampleFilterParams p;
   p.logits = dl.p; p.stride = stride; p.V = V; p.S = S; p.inv_temp = dit.p; p.keys = dk.p; p.top_k = dtk.p;
-  p.top_p = dtp.p; p.min_p = dmp.p; p.tok = dtok.p; p.logprob = dlp.p;
+  p.top_p = dtp.p; p.min_p = dmp.p; p.tok = dtok.p; p.logprob = dlp.p; p.one_cta_per_row = one_cta;
   cuda::sample_filtered(p, 0);
   if (lp) *lp = dlp.get();
   return dtok.get();
@@ -41,7 +42,9 @@ double log_softmax_at(const float* row, int V, int id) {
   return row[id] - mx - std::log(z);
 }
 
-TEST(SampleFiltered, MatchesReferenceOnEveryRow) {
+class SampleFilteredPaths : public ::testing::TestWithParam<bool> {};  // cluster per row / one CTA per row
+
+TEST_P(SampleFilteredPaths, MatchesReferenceOnEveryRow) {
   // Odd vocabulary, a vocab limit below the row length (the ids past it carry the largest logits),
   // rows with exact ties (logits in steps of 0.25), every filter alone and combined.
   const int stride = 50021, V = 50000, S = 120;
@@ -67,7 +70,7 @@ TEST(SampleFiltered, MatchesReferenceOnEveryRow) {
   }
   r.inv_temp[0] = 0.f;  // greedy: left alone
   std::vector<float> lp;
-  const auto tok = run(r, S, stride, V, &lp);
+  const auto tok = run(r, S, stride, V, &lp, GetParam());
   int filtered = 0;
   for (int s = 0; s < S; ++s) {
     const float* row = &r.logits[size_t(s) * stride];
@@ -86,6 +89,7 @@ TEST(SampleFiltered, MatchesReferenceOnEveryRow) {
   }
   EXPECT_GT(filtered, 80);
 }
+INSTANTIATE_TEST_SUITE_P(SampleFiltered, SampleFilteredPaths, ::testing::Values(false, true));
 
 TEST(SampleFiltered, TopKOneIsTheGreedyPickWithTies) {
   const int V = 3001, S = 4;
