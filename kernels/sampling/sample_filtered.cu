@@ -21,18 +21,23 @@ namespace cg = cooperative_groups;
 // Elsewhere one CTA of 512 threads per row (48 KB of shared memory), slower but within every limit.
 constexpr int kCtas = 8, kBins = 256;
 
-// The CTAs that share a row: the thread-block cluster where the architecture has them, else the CTA.
+// The kN CTAs that share a row: a thread-block cluster (sm_90+), or the CTA alone when kN is 1.
+template <int kN>
 struct RowGroup {
+  static constexpr int size() { return kN; }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cg::cluster_group cl = cg::this_cluster();
-  __device__ int rank() const { return int(cl.block_rank()); }
-  __device__ int size() const { return int(cl.num_blocks()); }
-  __device__ void sync() { cl.sync(); }
+  __device__ int rank() const { return kN > 1 ? int(cl.block_rank()) : 0; }
+  __device__ void sync() {
+    if (kN > 1) cl.sync(); else __syncthreads();
+  }
   template <class T>
-  __device__ T* at(T* p, int r) { return cl.map_shared_rank(p, r); }
+  __device__ T* at(T* p, int r) { return kN > 1 ? cl.map_shared_rank(p, r) : p; }
 #else
-  __device__ int rank() const { return 0; }
-  __device__ int size() const { return 1; }
+  __device__ int rank() const {  // the host launches kN > 1 only on sm_90+
+    if (kN > 1) __trap();
+    return 0;
+  }
   __device__ void sync() { __syncthreads(); }
   template <class T>
   __device__ T* at(T* p, int) { return p; }
@@ -77,8 +82,8 @@ __device__ T block_sum(T v, T* red) {
 // candidates with key >= t hold `need` of them (kMass false) or at least ceil(top_p * total) of their
 // fixed-point weight (kMass true, `need` ignored). Keys are unique (they carry the id), so the count
 // form keeps exactly `need`.
-template <bool kMass, int kThreads, class In>
-__device__ uint64_t radix_select(RowGroup& cl, const Row& r, In in, uint64_t need, float top_p, Shared<kThreads>& sh) {
+template <bool kMass, int kThreads, class Group, class In>
+__device__ uint64_t radix_select(Group& cl, const Row& r, In in, uint64_t need, float top_p, Shared<kThreads>& sh) {
   constexpr int kWarps = kThreads / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint64_t prefix = 0;
@@ -161,11 +166,11 @@ __device__ uint64_t radix_select(RowGroup& cl, const Row& r, In in, uint64_t nee
   return prefix;
 }
 
-template <int kThreads>
+template <int kThreads, int kN>
 __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams p) {
-  constexpr int kWarps = kThreads / 32;
-  RowGroup cl;
-  const int ctas = cl.size(), s = blockIdx.x / ctas, rank = cl.rank();
+  constexpr int kWarps = kThreads / 32, ctas = kN;
+  RowGroup<kN> cl;
+  const int s = blockIdx.x / ctas, rank = cl.rank();
   const float it = p.inv_temp[s];
   const int top_k = p.top_k[s];
   const float top_p = p.top_p[s], min_p = p.min_p[s];
@@ -254,10 +259,11 @@ __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams
   cl.sync();  // the other CTAs' shared memory stays alive until rank 0 has read it
 }
 
-template <int kThreads>
-void launch(const SampleFilterParams& p, int ctas, cudaStream_t s) {
+template <int kThreads, int kN>
+void launch(const SampleFilterParams& p, cudaStream_t s) {
+  constexpr int ctas = kN;
   static const bool init = [] {
-    MX_CUDA(cudaFuncSetAttribute(sample_filtered_k<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MX_CUDA(cudaFuncSetAttribute(sample_filtered_k<kThreads, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(sizeof(Shared<kThreads>))));
     return true;
   }();
@@ -274,7 +280,7 @@ void launch(const SampleFilterParams& p, int ctas, cudaStream_t s) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = ctas > 1 ? 1 : 0;
-  MX_CUDA(cudaLaunchKernelEx(&cfg, sample_filtered_k<kThreads>, p));
+  MX_CUDA(cudaLaunchKernelEx(&cfg, sample_filtered_k<kThreads, kN>, p));
 }
 
 }  // namespace
@@ -293,8 +299,8 @@ void sample_filtered(const SampleFilterParams& p, cudaStream_t s) {
     how = major >= 9 && smem >= int(sizeof(Shared<1024>)) ? 1 : 2;
     if (dev < 64) path[dev].store(how, std::memory_order_relaxed);
   }
-  if (how == 1 && !p.one_cta_per_row) launch<1024>(p, kCtas, s);
-  else launch<512>(p, 1, s);
+  if (how == 1 && !p.one_cta_per_row) launch<1024, kCtas>(p, s);
+  else launch<512, 1>(p, s);
 }
 
 }  // namespace mx::cuda
