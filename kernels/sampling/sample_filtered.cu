@@ -66,7 +66,7 @@ struct Row {
   float mx, it;
 };
 
-// Block-wide sum, then the cluster's (every CTA gets the total).
+// Block-wide sum (every thread gets it).
 template <int kWarps, class T>
 __device__ T block_sum(T v, T* red) {
   for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
