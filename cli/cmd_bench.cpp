@@ -41,11 +41,12 @@ Stat stat(const std::vector<double>& v) {
 
 #ifdef MXSERVE_HAVE_CUDA
 // One sequence's step of `toks` at `depth`, greedy, sampled (the diagnostics below).
-SeqStep greedy_step(std::span<const int32_t> toks, int depth, const std::vector<int32_t>& bt) {
+SeqStep greedy_step(std::span<const int32_t> toks, int depth, const KvTables& bt) {
   SeqStep s;
   s.tokens = toks;
   s.start_pos = depth;
-  s.block_table = bt;
+  s.block_table = bt.full;
+  s.sliding_table = bt.sliding;
   s.sample = true;
   s.sampling.temperature = 0;
   return s;
@@ -54,7 +55,7 @@ SeqStep greedy_step(std::span<const int32_t> toks, int depth, const std::vector<
 // One batch-1 decode step at the given depth, run eagerly with an event after every kernel: time,
 // bytes and achieved bandwidth per kernel kind (all layers summed). Event gaps include launch gaps,
 // so the total is slower than a graph replay; the table says where the time goes, not the speed.
-void print_breakdown(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth, double copy_gbps, int n) {
+void print_breakdown(CudaRunnerBase& r, const KvTables& bt, int depth, double copy_gbps, int n) {
   const std::vector<int32_t> toks(n, 1);
   const SeqStep s = greedy_step(toks, depth, bt);
   SampleResult res;
@@ -78,7 +79,7 @@ void print_breakdown(CudaRunnerBase& r, const std::vector<int32_t>& bt, int dept
 // Graph replays of batch-1 decode steps with one kernel kind left out: the drop in step time is that
 // kind's marginal cost in the real schedule (graph + programmatic dependent launch), which the eager
 // table above, with an event after every kernel, cannot show.
-void print_graph_marginals(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth) {
+void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
@@ -104,7 +105,7 @@ void print_graph_marginals(CudaRunnerBase& r, const std::vector<int32_t>& bt, in
 // The persistent decode step's per-item timeline of one batch-1 step at the given depth, as CSV:
 // layer, phase (0 qkv, 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait
 // satisfied (0: none) / exit times in ns from the step's first item.
-void write_step_trace(CudaRunnerBase& r, const std::vector<int32_t>& bt, int depth, const std::string& path) {
+void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const std::string& path) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
@@ -156,24 +157,31 @@ void run_bench(const BenchOptions& o) {
   const int bs = eo.block_size, V = r->config().vocab_size;
   const int depth_blocks = (o.depth + bs - 1) / bs;
   const int seq_blocks = (eo.max_model_len + bs - 1) / bs;
-  if ((seq_blocks - depth_blocks) * max_b + depth_blocks > r->kv_shape().num_blocks)
+  const int full_blocks = (seq_blocks - depth_blocks) * max_b + depth_blocks;
+  const bool sliding = r->kv_shape().sliding_window > 0;
+  if (full_blocks * (sliding ? 2 : 1) > r->kv_shape().num_blocks)
     fail("bench: KV cache of {} blocks is too small for batch {} at depth {}", r->kv_shape().num_blocks, max_b, o.depth);
   // Every sequence shares the prefix blocks holding the depth (filled once, as prefix caching
-  // would), then owns its tail blocks.
+  // would), then owns its tail blocks; the sliding layers' blocks mirror the full ones after them.
   auto table = [&](int b) {
-    std::vector<int32_t> t(seq_blocks);
-    for (int i = 0; i < seq_blocks; ++i) t[i] = i < depth_blocks ? i : depth_blocks + b * (seq_blocks - depth_blocks) + (i - depth_blocks);
+    KvTables t;
+    t.full.resize(size_t(seq_blocks));
+    for (int i = 0; i < seq_blocks; ++i)
+      t.full[size_t(i)] = i < depth_blocks ? i : depth_blocks + b * (seq_blocks - depth_blocks) + (i - depth_blocks);
+    if (sliding)
+      for (int32_t f : t.full) t.sliding.push_back(full_blocks + f);
     return t;
   };
   std::vector<int32_t> toks(std::max({o.depth, max_pp, 1}));
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 7919 + 13) % V);
-  auto prefill = [&](int start, int n, const std::vector<int32_t>& bt) {
+  auto prefill = [&](int start, int n, const KvTables& bt) {
     for (int off = 0; off < n; off += eo.max_tokens_per_step) {
       const int len = std::min(eo.max_tokens_per_step, n - off);
       SeqStep s;
       s.tokens = std::span<const int32_t>(toks.data() + (off % int(toks.size())), std::min<size_t>(len, toks.size() - off % toks.size()));
       s.start_pos = start + off;
-      s.block_table = bt;
+      s.block_table = bt.full;
+      s.sliding_table = bt.sliding;
       s.sample = off + len >= n;
       s.sampling.temperature = 0;  // greedy, as llama-bench: the benchmark measures the engine
       SampleResult res;
@@ -196,7 +204,7 @@ void run_bench(const BenchOptions& o) {
   }
   for (int n : o.tg)
     for (int B : o.batch) {
-      std::vector<std::vector<int32_t>> bts(B);
+      std::vector<KvTables> bts(B);
       for (int b = 0; b < B; ++b) bts[b] = table(b);
       std::vector<int32_t> tk(B, 1);
       std::vector<SeqStep> steps(B);
@@ -207,7 +215,8 @@ void run_bench(const BenchOptions& o) {
             steps[b].seq_id = b;
             steps[b].tokens = std::span<const int32_t>(&tk[b], 1);
             steps[b].start_pos = o.depth + t;
-            steps[b].block_table = bts[b];
+            steps[b].block_table = bts[b].full;
+            steps[b].sliding_table = bts[b].sliding;
             steps[b].sample = true;
             steps[b].sampling.temperature = 0;
           }

@@ -30,19 +30,20 @@ struct GenerateOptions {
 // The CUDA engine takes a prompt in chunks of at most this many tokens per step.
 constexpr int kCudaPrefillChunk = 2048;
 
-// One sequence: its KV cache only needs the prompt and the generated tokens.
+// One sequence: its KV cache only needs the prompt and the generated tokens, twice over when the
+// sliding-window layers keep all of them in blocks of their own (contiguous_kv_tables).
 std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, Device dev, int total_tokens, int vocab_limit) {
   const int blocks = (total_tokens + 15) / 16;
   if (dev == Device::kCuda)
     return make_cuda_model_runner({.model_dir = o.model_dir, .gpu_memory_utilization = o.gpu_memory_utilization,
                                    .max_model_len = blocks * kCudaBlockSize, .max_num_seqs = 1,
-                                   .max_tokens_per_step = kCudaPrefillChunk, .num_kv_blocks = blocks,
+                                   .max_tokens_per_step = kCudaPrefillChunk, .num_kv_blocks = 2 * blocks,
                                    .vocab_limit = vocab_limit, .dummy_preset = {}});
   CpuRunnerOptions ro;
   ro.model_dir = o.model_dir;
   ro.num_threads = o.threads;
   ro.kv_block_size = 16;
-  ro.kv_tokens = blocks * 16;
+  ro.kv_tokens = 2 * blocks * 16;
   ro.vocab_limit = vocab_limit;
   return std::make_unique<CpuRunner>(ro);
 }
@@ -72,11 +73,12 @@ void run_generate(const GenerateOptions& o) {
     fail("prompt ({} tokens) + max tokens ({}) exceed the model's {} positions", prompt.size(), o.max_tokens,
          cfg.max_position_embeddings);
 
-  std::vector<int32_t> blocks(runner.kv_shape().num_blocks);
-  std::iota(blocks.begin(), blocks.end(), 0);
+  KvTables tables;
+  contiguous_kv_tables(runner.kv_shape(), 0, runner.kv_shape().num_blocks / 2, tables);
   IncrementalDecoder dec(tok);
   SampleResult res[1];
-  SeqStep s{.seq_id = 0, .tokens = prompt, .start_pos = 0, .block_table = blocks, .sample = true, .sampling = o.sampling};
+  SeqStep s{.seq_id = 0, .tokens = prompt, .start_pos = 0, .block_table = tables.full, .sliding_table = tables.sliding,
+            .sample = true, .sampling = o.sampling};
 
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();

@@ -71,7 +71,9 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
     ro.num_threads = o.threads;
     ro.kv_tokens = o.kv_tokens;
     ro.vocab_limit = vocab_limit;
-    return {std::make_unique<CpuRunner>(ro), o.kv_tokens, "--kv-tokens"};
+    auto runner = std::make_unique<CpuRunner>(ro);
+    const int cap = max_sequence_tokens(runner->kv_shape(), o.max_num_batched_tokens);
+    return {std::move(runner), cap, "--kv-tokens"};
   }
   // The engine's KV cache is sized for max_model_len up front (0 = the model's positions; a GPU
   // that cannot hold that fails at load with the numbers, like vLLM).
@@ -82,7 +84,8 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
                                         .max_tokens_per_step = o.max_num_batched_tokens,
                                         .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights});
   const KvCacheShape kv = runner->kv_shape();
-  return {std::move(runner), std::min(max_model_len, kv.num_blocks * kv.block_size), "--gpu-memory-utilization"};
+  return {std::move(runner), std::min(max_model_len, max_sequence_tokens(kv, o.max_num_batched_tokens)),
+          "--gpu-memory-utilization"};
 }
 
 void run_serve(ServeOptions o) {

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/bf16.h"
+#include "core/error.h"
 #include "core/mxfp4.h"
 #include "model/rope.h"
 
@@ -31,8 +32,11 @@ void CpuKvCache::allocate(const ModelConfig& cfg, int bs, int nb) {
   block_size = bs;
   num_blocks = nb;
   size_t n = size_t(bs) * nb * cfg.kv_dim();
-  k.assign(cfg.num_layers, std::vector<float>(n));
-  v.assign(cfg.num_layers, std::vector<float>(n));
+  array_of.resize(size_t(cfg.num_layers));
+  int full = 0, sliding = 0;
+  for (int l = 0; l < cfg.num_layers; ++l) array_of[size_t(l)] = cfg.layer_is_sliding[size_t(l)] ? sliding++ : full++;
+  k.assign(size_t(std::max(full, sliding)), std::vector<float>(n));
+  v.assign(k.size(), std::vector<float>(n));
 }
 
 CpuReference::CpuReference(const ModelConfig& cfg, const ModelWeights& w, ThreadPool* pool)
@@ -81,12 +85,14 @@ void CpuReference::rmsnorm(const float* x, const uint16_t* gamma, float* y) cons
   for (int i = 0; i < H; ++i) y[i] = bf16_to_f32(gamma[i]) * (x[i] * r);
 }
 
-void CpuReference::attention(int l, int pos, const int32_t* block_table, CpuKvCache& kv) {
+void CpuReference::attention(int l, int pos, const int32_t* table, CpuKvCache& kv) {
   const int D = cfg_.head_dim, Hq = cfg_.num_heads, group = cfg_.num_heads / cfg_.num_kv_heads, kvd = cfg_.kv_dim();
   const int bs = kv.block_size;
-  auto slot = [&](int p) { return (size_t(block_table[p / bs]) * bs + p % bs) * kvd; };
-  std::copy(k_.begin(), k_.end(), kv.k[l].begin() + slot(pos));
-  std::copy(v_.begin(), v_.end(), kv.v[l].begin() + slot(pos));
+  auto slot = [&](int p) { return (size_t(table[p / bs]) * bs + p % bs) * kvd; };
+  std::vector<float>& kc = kv.k[size_t(kv.array_of[size_t(l)])];
+  std::vector<float>& vc = kv.v[size_t(kv.array_of[size_t(l)])];
+  std::copy(k_.begin(), k_.end(), kc.begin() + slot(pos));
+  std::copy(v_.begin(), v_.end(), vc.begin() + slot(pos));
   // Sliding layers see the last `sliding_window` positions including this one.
   const int lo = cfg_.layer_is_sliding[l] ? std::max(0, pos - cfg_.sliding_window + 1) : 0;
   const float scale = 1.0f / std::sqrt(float(D));
@@ -99,7 +105,7 @@ void CpuReference::attention(int l, int pos, const int32_t* block_table, CpuKvCa
     const float sink = bf16_to_f32(w_.layers[l].sinks[h]);
     float m = sink;  // the sink is one more logit in the softmax, with no value vector
     for (int j = lo; j <= pos; ++j) {
-      const float* kj = &kv.k[l][slot(j) + size_t(kvh) * D];
+      const float* kj = &kc[slot(j) + size_t(kvh) * D];
       float dot = 0;
       for (int d = 0; d < D; ++d) dot += q[d] * kj[d];
       s[j - lo] = dot * scale;
@@ -113,7 +119,7 @@ void CpuReference::attention(int l, int pos, const int32_t* block_table, CpuKvCa
     float* o = &attn_[size_t(h) * D];
     std::fill(o, o + D, 0.0f);
     for (int j = lo; j <= pos; ++j) {
-      const float* vj = &kv.v[l][slot(j) + size_t(kvh) * D];
+      const float* vj = &vc[slot(j) + size_t(kvh) * D];
       const float wgt = float(s[j - lo] / denom);
       for (int d = 0; d < D; ++d) o[d] += wgt * vj[d];
     }
@@ -170,7 +176,8 @@ void CpuReference::moe(int l) {
   }
 }
 
-void CpuReference::forward_token(int32_t token, int pos, const int32_t* block_table, CpuKvCache& kv, float* logits) {
+void CpuReference::forward_token(int32_t token, int pos, const int32_t* block_table, const int32_t* sliding_table,
+                                 CpuKvCache& kv, float* logits) {
   const int H = cfg_.hidden_size, D = cfg_.head_dim;
   for (int i = 0; i < H; ++i) x_[i] = bf16_to_f32(w_.embed[size_t(token) * H + i]);
   for (int l = 0; l < cfg_.num_layers; ++l) {
@@ -181,7 +188,9 @@ void CpuReference::forward_token(int32_t token, int pos, const int32_t* block_ta
     matvec_bf16(L.v_w, L.v_b, t_.data(), v_.data(), cfg_.kv_dim(), H);
     for (int h = 0; h < cfg_.num_heads; ++h) rope_rotate_f32(&q_[size_t(h) * D], D, pos, inv_freq_.data(), concentration_);
     for (int h = 0; h < cfg_.num_kv_heads; ++h) rope_rotate_f32(&k_[size_t(h) * D], D, pos, inv_freq_.data(), concentration_);
-    attention(l, pos, block_table, kv);
+    const bool sliding = cfg_.layer_is_sliding[size_t(l)];
+    MX_CHECK(!sliding || sliding_table, "layer {} is a sliding-window layer and no sliding block table was given", l);
+    attention(l, pos, sliding ? sliding_table : block_table, kv);
     matvec_bf16(L.o_w, L.o_b, attn_.data(), proj_.data(), H, cfg_.q_dim());
     for (int i = 0; i < H; ++i) x_[i] += proj_[i];
     rmsnorm(x_.data(), L.mlp_norm, t_.data());

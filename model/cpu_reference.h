@@ -13,11 +13,15 @@
 
 namespace mx {
 
-// KV storage: for each layer, K and V as [num_blocks][block_size][num_kv_heads * head_dim] fp32.
+// KV storage as the CUDA runner lays it out: K and V arrays of [num_blocks][block_size][num_kv_heads
+// * head_dim] fp32, one per (full, sliding) layer pair: the j-th full layer and the j-th sliding layer
+// share array j, the full one through the block table and the sliding one through the sliding table,
+// so a block handed to both tables at once would corrupt the results (the tests rely on that).
 struct CpuKvCache {
   int block_size = 16;
   int num_blocks = 0;
-  std::vector<std::vector<float>> k, v;  // [layer]
+  std::vector<std::vector<float>> k, v;  // [array]
+  std::vector<int> array_of;             // [layer]
   void allocate(const ModelConfig& cfg, int block_size, int num_blocks);
 };
 
@@ -25,15 +29,17 @@ class CpuReference {
  public:
   CpuReference(const ModelConfig& cfg, const ModelWeights& w, ThreadPool* pool);
 
-  // Computes token `token` at position `pos` of a sequence whose KV blocks are `block_table`
-  // (positions < pos must already be in the cache); writes its K/V. If logits != nullptr,
-  // writes the fp32 logits [vocab_size] of this position.
-  void forward_token(int32_t token, int pos, const int32_t* block_table, CpuKvCache& kv, float* logits);
+  // Computes token `token` at position `pos` of a sequence whose KV blocks are `block_table` (full
+  // layers) and `sliding_table` (sliding-window layers; may be null without them). Positions < pos
+  // must already be in the cache; writes its K/V. If logits != nullptr, writes the fp32 logits
+  // [vocab_size] of this position.
+  void forward_token(int32_t token, int pos, const int32_t* block_table, const int32_t* sliding_table, CpuKvCache& kv,
+                     float* logits);
 
  private:
   void matvec_bf16(const uint16_t* w, const uint16_t* bias, const float* x, float* y, int rows, int cols);
   void rmsnorm(const float* x, const uint16_t* gamma, float* y) const;
-  void attention(int layer, int pos, const int32_t* block_table, CpuKvCache& kv);
+  void attention(int layer, int pos, const int32_t* table, CpuKvCache& kv);
   void moe(int layer);
 
   const ModelConfig& cfg_;

@@ -16,6 +16,8 @@ CpuRunner::CpuRunner(const CpuRunnerOptions& opt)
     fail("KV cache of {} tokens in blocks of {} is too small", opt.kv_tokens, opt.kv_block_size);
   ref_ = std::make_unique<CpuReference>(cfg_, weights_, &pool_);
   kv_.allocate(cfg_, opt.kv_block_size, opt.kv_tokens / opt.kv_block_size);
+  for (uint8_t sl : cfg_.layer_is_sliding)
+    if (sl) sliding_window_ = cfg_.sliding_window;
   vocab_limit_ = opt.vocab_limit > 0 && opt.vocab_limit < cfg_.vocab_size ? opt.vocab_limit : cfg_.vocab_size;
 }
 
@@ -28,12 +30,23 @@ void CpuRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out)
     const int end = s.start_pos + n;
     MX_CHECK(int64_t(s.block_table.size()) * kv_.block_size >= end, "sequence {}: block table covers {} positions, needs {}",
              s.seq_id, s.block_table.size() * kv_.block_size, end);
-    for (int32_t b : s.block_table)
-      MX_CHECK(b >= 0 && b < kv_.num_blocks, "sequence {}: KV block {} out of range", s.seq_id, b);
+    const int need = (end + kv_.block_size - 1) / kv_.block_size;
+    for (int b = 0; b < need; ++b)
+      MX_CHECK(s.block_table[b] >= 0 && s.block_table[b] < kv_.num_blocks, "sequence {}: KV block {} out of range",
+               s.seq_id, s.block_table[b]);
+    if (sliding_window_ > 0) {
+      MX_CHECK(int64_t(s.sliding_table.size()) >= need, "sequence {}: sliding block table covers {} blocks, needs {}",
+               s.seq_id, s.sliding_table.size(), need);
+      for (int b = sliding_first_block(kv_shape(), s.start_pos); b < need; ++b)
+        MX_CHECK(s.sliding_table[b] >= 0 && s.sliding_table[b] < kv_.num_blocks,
+                 "sequence {}: sliding KV block {} out of range", s.seq_id, s.sliding_table[b]);
+    }
     if (s.sample) logits_[i].resize(cfg_.vocab_size);
     for (int t = 0; t < n; ++t) {
       const bool last = (t == n - 1) && s.sample;
-      ref_->forward_token(s.tokens[t], s.start_pos + t, s.block_table.data(), kv_, last ? logits_[i].data() : nullptr);
+      ref_->forward_token(s.tokens[t], s.start_pos + t, s.block_table.data(),
+                          sliding_window_ > 0 ? s.sliding_table.data() : nullptr, kv_,
+                          last ? logits_[i].data() : nullptr);
     }
     if (s.sample) {
       for (int v = vocab_limit_; v < cfg_.vocab_size; ++v) logits_[i][v] = -std::numeric_limits<float>::infinity();

@@ -26,7 +26,7 @@ class CpuRunner : public ModelRunner {
  public:
   explicit CpuRunner(const CpuRunnerOptions& opt);  // throws mx::Error on a bad checkpoint
   const ModelConfig& config() const override { return cfg_; }
-  KvCacheShape kv_shape() const override { return {kv_.block_size, kv_.num_blocks}; }
+  KvCacheShape kv_shape() const override { return {kv_.block_size, kv_.num_blocks, sliding_window_}; }
   void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override;
   std::span<const float> last_logits(int index) const override;
 
@@ -38,6 +38,7 @@ class CpuRunner : public ModelRunner {
   std::unique_ptr<CpuReference> ref_;
   CpuKvCache kv_;
   int vocab_limit_;
+  int sliding_window_ = 0;  // kv_shape().sliding_window: 0 when no layer slides
   std::vector<std::vector<float>> logits_;  // per sampled sequence of the last step
   std::vector<std::vector<float>> scratch_;  // sampler buffers, one per pool part
   std::vector<SampleJob> jobs_;

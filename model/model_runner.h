@@ -30,6 +30,12 @@ struct SeqStep {
   // KV block ids covering positions [0, start_pos + tokens.size()); block b holds positions
   // [b*block_size, (b+1)*block_size). Blocks below start_pos already hold valid KV.
   std::span<const int32_t> block_table;
+  // The sliding-window layers' blocks, indexed like block_table (required when
+  // kv_shape().sliding_window > 0). Only blocks from sliding_first_block(shape, start_pos) on are
+  // read or written; entries before it may be -1, so a sequence holds about window + chunk
+  // positions of those layers instead of all of them. Full and sliding blocks come from one pool
+  // (a block id is a page of the full layers or of the sliding ones, never both at once).
+  std::span<const int32_t> sliding_table;
   bool sample = false;
   SamplingParams sampling;
   uint64_t rng_step = 0;     // index of the token being sampled within the request
@@ -44,7 +50,38 @@ struct SampleResult {
 struct KvCacheShape {
   int block_size = 16;       // tokens per block
   int num_blocks = 0;
+  int sliding_window = 0;    // > 0: the model has sliding-window layers, which read SeqStep::sliding_table
 };
+
+// First block a step computing from position `start` reads or writes in the sliding layers: a
+// query at q sees keys [q - window + 1, q].
+inline int sliding_first_block(const KvCacheShape& s, int start) {
+  if (s.sliding_window <= 0) return 0;
+  const int k = start - s.sliding_window + 1;
+  return k > 0 ? k / s.block_size : 0;
+}
+
+// The most tokens one sequence can hold when it has the whole cache to itself and computes up to
+// `chunk` tokens per step: the sliding layers' window blocks come out of the same pool.
+inline int max_sequence_tokens(const KvCacheShape& s, int chunk) {
+  const int window_blocks =
+      s.sliding_window > 0 ? (s.sliding_window - 1 + chunk + s.block_size - 1) / s.block_size + 1 : 0;
+  return s.num_blocks > window_blocks ? (s.num_blocks - window_blocks) * s.block_size : 0;
+}
+
+// Block tables of one sequence for callers that lay out the cache themselves (bench, generate,
+// tests): full layers use blocks [first, first + n), the sliding layers the n after them (none
+// without sliding layers). Returns the blocks used.
+struct KvTables {
+  std::vector<int32_t> full, sliding;
+};
+inline int contiguous_kv_tables(const KvCacheShape& s, int first, int n, KvTables& t) {
+  t.full.resize(size_t(n));
+  t.sliding.resize(s.sliding_window > 0 ? size_t(n) : 0);
+  for (int i = 0; i < n; ++i) t.full[size_t(i)] = first + i;
+  for (size_t i = 0; i < t.sliding.size(); ++i) t.sliding[i] = first + n + int(i);
+  return s.sliding_window > 0 ? 2 * n : n;
+}
 
 class ModelRunner {
  public:

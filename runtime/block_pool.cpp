@@ -78,6 +78,18 @@ void BlockPool::unregister(int32_t block) {
   m.tokens.clear();
 }
 
+int32_t BlockPool::match_block(uint64_t hash, int32_t parent, std::span<const int32_t> tokens, bool sliding) {
+  if (!caching_) return -1;
+  auto it = cached_.find(hash);
+  if (it == cached_.end()) return -1;
+  const Meta& m = meta_[size_t(it->second)];
+  const bool same_parent =
+      parent < 0 ? m.parent < 0 : (m.parent == parent && m.parent_gen == meta_[size_t(parent)].gen);
+  if (m.sliding != sliding || !same_parent || !std::equal(tokens.begin(), tokens.end(), m.tokens.begin(), m.tokens.end())) return -1;  // collision
+  add_ref(it->second);
+  return it->second;
+}
+
 std::vector<int32_t> BlockPool::match(std::span<const int32_t> tokens, int max_blocks, std::vector<uint64_t>& hashes) {
   std::vector<int32_t> out;
   hashes.clear();
@@ -87,28 +99,26 @@ std::vector<int32_t> BlockPool::match(std::span<const int32_t> tokens, int max_b
   const int n = std::min(max_blocks, int(tokens.size()) / block_size_);
   for (int i = 0; i < n; ++i) {
     auto blk = tokens.subspan(size_t(i) * size_t(block_size_), size_t(block_size_));
-    uint64_t h = hash_(parent_hash, blk);
-    auto it = cached_.find(h);
-    if (it == cached_.end()) break;
-    const Meta& m = meta_[size_t(it->second)];
-    bool same_parent = parent < 0 ? m.parent < 0 : (m.parent == parent && m.parent_gen == meta_[size_t(parent)].gen);
-    if (!same_parent || !std::equal(blk.begin(), blk.end(), m.tokens.begin(), m.tokens.end())) break;  // collision
-    add_ref(it->second);
-    out.push_back(it->second);
+    const uint64_t h = hash_(parent_hash, blk);
+    const int32_t b = match_block(h, parent, blk);
+    if (b < 0) break;
+    out.push_back(b);
     hashes.push_back(h);
     parent_hash = h;
-    parent = it->second;
+    parent = b;
   }
   return out;
 }
 
-void BlockPool::register_block(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens) {
+void BlockPool::register_block(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens,
+                               bool sliding) {
   if (!caching_) return;
   MX_CHECK(int(tokens.size()) == block_size_ && ref_[size_t(block)] > 0, "registering KV block {} that is not full or not held", block);
   Meta& m = meta_[size_t(block)];
   if (m.registered || cached_.count(hash)) return;
   m.hash = hash;
   m.registered = true;
+  m.sliding = sliding;
   m.parent = parent;
   m.parent_gen = parent < 0 ? 0 : meta_[size_t(parent)].gen;
   m.tokens.assign(tokens.begin(), tokens.end());

@@ -47,14 +47,21 @@ class BlockPool {
   // Longest chain of cached blocks holding `tokens` from position 0, at most max_blocks; takes a
   // reference on each. `hashes` receives the chain hashes of the matched blocks.
   std::vector<int32_t> match(std::span<const int32_t> tokens, int max_blocks, std::vector<uint64_t>& hashes);
-  // Registers a full, computed block. parent = the block before it in the sequence (-1 for the
-  // first). A hash already registered keeps its block (a duplicate is simply not cached).
-  void register_block(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens);
+  // The cached block registered under `hash` whose kind (a full-layer or a sliding-layer block),
+  // recorded parent (same allocation generation) and token ids are exactly these, with a reference
+  // taken; -1 if there is none.
+  int32_t match_block(uint64_t hash, int32_t parent, std::span<const int32_t> tokens, bool sliding = false);
+  // Registers a full, computed block. parent = the full-layer block before it in the sequence (-1 for
+  // the first), also for a sliding-layer block. A hash already registered keeps its block (a
+  // duplicate is simply not cached).
+  void register_block(int32_t block, uint64_t hash, int32_t parent, std::span<const int32_t> tokens,
+                      bool sliding = false);
 
  private:
   struct Meta {
     uint64_t hash = 0;
     bool registered = false;
+    bool sliding = false;                  // a sliding-window layers' block
     int32_t parent = -1;
     uint64_t parent_gen = 0;
     uint64_t gen = 0;                      // bumped on every allocation

@@ -40,13 +40,17 @@ struct Engine::Seq {
   int num_computed = 0;             // tokens whose KV is in the cache
   int generated = 0;
   std::vector<int32_t> blocks;
+  // The sliding-window layers' blocks, indexed like `blocks`; -1 before the window (released) or
+  // not yet allocated. Entries below sw_lo are all -1.
+  std::vector<int32_t> sw_blocks;
+  int sw_lo = 0;
   std::vector<uint64_t> hashes;     // chain hashes of blocks[0, hashes.size()), all in the cache
   int cached_tokens = -1;           // prefix-cache hit at first admission (-1 = not admitted yet)
   bool done = false;
 };
 
 Engine::Engine(ModelRunner& runner, const EngineOptions& opt)
-    : runner_(runner), opt_(opt), block_size_(runner.kv_shape().block_size),
+    : runner_(runner), opt_(opt), kv_(runner.kv_shape()), block_size_(runner.kv_shape().block_size),
       max_model_len_(opt.max_model_len > 0 ? opt.max_model_len : runner.config().max_position_embeddings),
       pool_(runner.kv_shape().num_blocks, runner.kv_shape().block_size, opt.enable_prefix_caching, opt.block_hash) {
   MX_CHECK(block_size_ > 0, "bad KV block size {}", block_size_);
@@ -122,16 +126,51 @@ void Engine::take_inbox() {
 
 void Engine::free_blocks(Seq& s) {
   // Tail first: the pool evicts the least recently freed cached block first, and a chain's later
-  // blocks are useless without its earlier ones.
+  // blocks are useless without its earlier ones. Sliding-layer blocks go first: a cached prefix is
+  // only usable up to where its window's sliding blocks survive, and they are the cheaper loss.
+  for (auto it = s.sw_blocks.rbegin(); it != s.sw_blocks.rend(); ++it)
+    if (*it >= 0) pool_.release(*it);
   for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) pool_.release(*it);
   s.blocks.clear();
+  s.sw_blocks.clear();
+  s.sw_lo = 0;
   s.hashes.clear();
   s.num_computed = 0;
 }
 
+// The sliding layers' block of chain hash h is cached under a key of its own.
+static uint64_t sliding_key(uint64_t h) { return h ^ 0x736c6964696e6721ull; }
+
 int Engine::reuse_cached_prefix(Seq& s) {
   const int max_blocks = (int(s.tokens.size()) - 1) / block_size_;  // the last token is always computed
   s.blocks = pool_.match(s.tokens, max_blocks, s.hashes);
+  // Resuming after L blocks needs the sliding layers' blocks of the window before position L *
+  // block_size too. Where one of them is gone, the prefix is cut back to that block (whose own
+  // window lies further back) until the window is complete or nothing is left.
+  std::span<const int32_t> toks(s.tokens);
+  int L = kv_.sliding_window > 0 ? int(s.blocks.size()) : 0;
+  while (L > 0) {
+    s.sw_blocks.assign(size_t(L), -1);
+    const int first = sliding_first_block(kv_, L * block_size_);
+    s.sw_lo = first;
+    int miss = -1;
+    for (int i = first; i < L && miss < 0; ++i) {
+      auto blk = toks.subspan(size_t(i) * size_t(block_size_), size_t(block_size_));
+      s.sw_blocks[size_t(i)] = pool_.match_block(sliding_key(s.hashes[size_t(i)]), i ? s.blocks[size_t(i) - 1] : -1, blk, true);
+      if (s.sw_blocks[size_t(i)] < 0) miss = i;
+    }
+    if (miss < 0) break;
+    for (int32_t b : s.sw_blocks)
+      if (b >= 0) pool_.release(b);
+    for (int i = L - 1; i >= miss; --i) pool_.release(s.blocks[size_t(i)]);
+    s.blocks.resize(size_t(miss));
+    s.hashes.resize(size_t(miss));
+    L = miss;
+  }
+  if (s.blocks.empty()) {
+    s.sw_blocks.clear();
+    s.sw_lo = 0;
+  }
   s.num_computed = int(s.blocks.size()) * block_size_;
   return s.num_computed;
 }
@@ -143,7 +182,9 @@ void Engine::cache_full_blocks(Seq& s) {
   for (size_t i = s.hashes.size(); i < full; ++i) {
     auto blk = toks.subspan(i * size_t(block_size_), size_t(block_size_));
     uint64_t h = pool_.hash(i ? s.hashes.back() : kRootHash, blk);
-    pool_.register_block(s.blocks[i], h, i ? s.blocks[i - 1] : -1, blk);
+    const int32_t parent = i ? s.blocks[i - 1] : -1;
+    pool_.register_block(s.blocks[i], h, parent, blk);
+    if (i < s.sw_blocks.size() && s.sw_blocks[i] >= 0) pool_.register_block(s.sw_blocks[i], sliding_key(h), parent, blk, true);
     s.hashes.push_back(h);
   }
 }
@@ -169,11 +210,28 @@ void Engine::preempt(Seq& s) {
 }
 
 bool Engine::ensure_blocks(Seq& s, int num_tokens) {
-  int need = (num_tokens + block_size_ - 1) / block_size_;
+  const int need = (num_tokens + block_size_ - 1) / block_size_;
+  if (kv_.sliding_window > 0) {
+    // Blocks wholly before the window of the next computed position are never read again: back to
+    // the pool (cached ones stay findable), before allocating.
+    const int first = std::min(sliding_first_block(kv_, s.num_computed), int(s.sw_blocks.size()));
+    for (; s.sw_lo < first; ++s.sw_lo) {
+      int32_t& b = s.sw_blocks[size_t(s.sw_lo)];
+      if (b >= 0) pool_.release(b);
+      b = -1;
+    }
+  }
   while (int(s.blocks.size()) < need) {
     int32_t b = pool_.allocate();
     if (b < 0) return false;
     s.blocks.push_back(b);
+  }
+  if (kv_.sliding_window > 0) {
+    if (int(s.sw_blocks.size()) < need) s.sw_blocks.resize(size_t(need), -1);
+    for (int i = sliding_first_block(kv_, s.num_computed); i < need; ++i) {
+      int32_t& b = s.sw_blocks[size_t(i)];
+      if (b < 0 && (b = pool_.allocate()) < 0) return false;
+    }
   }
   return true;
 }
@@ -266,6 +324,7 @@ bool Engine::step() {
     st.tokens = std::span<const int32_t>(s->tokens).subspan(size_t(s->num_computed), size_t(n));
     st.start_pos = s->num_computed;
     st.block_table = s->blocks;
+    st.sliding_table = s->sw_blocks;
     st.sample = s->num_computed + n == int(s->tokens.size());
     st.sampling = s->req.sampling;
     st.rng_step = uint64_t(s->generated);
@@ -321,17 +380,20 @@ void Engine::warmup() {
   // One single-token step on a scratch block, so /ready means "a forward step has completed"
   // before any client arrives (and first-request latency does not include lazy start-up work).
   try {
-    int32_t block = pool_.allocate();
+    int32_t block = pool_.allocate(), sw_block = kv_.sliding_window > 0 ? pool_.allocate() : -1;
+    MX_CHECK(block >= 0 && (kv_.sliding_window == 0 || sw_block >= 0), "the KV cache has too few blocks");
     int32_t token = 0;
     SeqStep s;
     s.seq_id = -1;
     s.tokens = {&token, 1};
     s.block_table = {&block, 1};
+    if (sw_block >= 0) s.sliding_table = {&sw_block, 1};
     s.sample = true;
     s.sampling.temperature = 0.0f;
     SampleResult r;
     runner_.step({&s, 1}, {&r, 1});
     pool_.release(block);
+    if (sw_block >= 0) pool_.release(sw_block);
   } catch (const std::exception& e) {
     log::error("engine warm-up step failed: {}", e.what());
     return;

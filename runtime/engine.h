@@ -15,12 +15,13 @@
 // always computed so there are logits to sample from) and starts computing after it. Blocks of
 // finished, aborted or preempted sequences stay cached until the pool needs them.
 //
-// Why reuse is also right for sliding-window layers: a block's KV is a pure function of the
-// tokens at positions [0, end of block) (RoPE positions are implied by the chain depth), and the
-// runner keeps every position of every layer in the paged cache (one block table is shared by
-// all layers; sliding layers only restrict which positions attention reads). So a sequence
-// resuming at position p finds positions p-window..p-1 in its reused blocks exactly as if it had
-// computed them itself.
+// Sliding-window layers (KvCacheShape::sliding_window > 0) have block tables of their own, from the
+// same pool: a sequence holds their blocks only from the window of its next computed position on
+// (window + chunk positions instead of all of them) and gives older ones back each step. Reuse is
+// still exact: a block's KV is a pure function of the tokens at positions [0, end of block), so the
+// sliding layers' blocks are registered in the cache beside the full layers' ones (under their own
+// key, with the full-layer block before them as parent), and a cached prefix is taken only as far
+// as the sliding blocks of its last window are still cached.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -128,6 +129,7 @@ class Engine {
   void warmup();
   ModelRunner& runner_;
   EngineOptions opt_;
+  KvCacheShape kv_;
   int block_size_;
   int max_model_len_;
   BlockPool pool_;

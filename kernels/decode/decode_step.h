@@ -44,6 +44,7 @@ struct DecodeStepParams {
   uint16_t* act = nullptr;         // bf16 [M, 4, I]
   unsigned* counters = nullptr;    // decode_step_counter_words(num_layers), zeroed by decode_step()
   const int32_t *pos = nullptr, *slot = nullptr, *bt_off = nullptr, *block_tables = nullptr;  // [M] / tables
+  const int32_t *slot_sw = nullptr, *bt_off_sw = nullptr;  // [M] of the sliding layers (window != 0)
   const float* inv_freq = nullptr;
   float concentration = 1.f, eps = 1e-5f, alpha = 1.702f, limit = 7.f;
   int M = 1, H = 0, I = 0, E = 0, Hq = 0, Hkv = 0, D = 64, block_size = 16;

@@ -147,14 +147,26 @@ void CudaRunner::plan_memory() {
       cuda::decode_step_counter_words(c.num_layers) * 4, c.num_layers * sizeof(cuda::DecodeStepLayer)};
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
-  bt_cap_ = int(S) * ((opt_.max_model_len + opt_.block_size - 1) / opt_.block_size) + T_;
+  // KV: one K and one V array per (full, sliding) layer pair. A block is a page of the full layers
+  // or of the sliding ones (model_runner.h), so the j-th full and the j-th sliding layer share array
+  // j, and a sequence's sliding pages cover only its window: with gpt-oss's alternating layers the
+  // cache holds twice the tokens of one array per layer.
+  int n_full = 0, n_sliding = 0;
+  for (int l = 0; l < c.num_layers; ++l) (c.layer_is_sliding[size_t(l)] ? n_sliding : n_full)++;
+  sliding_window_ = n_sliding > 0 ? c.sliding_window : 0;
+  const int kv_arrays = std::max(n_full, n_sliding);
+  const int len_blocks = (opt_.max_model_len + opt_.block_size - 1) / opt_.block_size;
+  // The sliding pages one sequence holds at most: its window before the step plus the step's tokens.
+  const int window_blocks =
+      sliding_window_ > 0 ? std::min(len_blocks, (sliding_window_ - 1 + T_ + opt_.block_size - 1) / opt_.block_size + 1) : 0;
+  bt_cap_ = int(S) * len_blocks * (sliding_window_ > 0 ? 2 : 1) + T_;
   meta_bytes_ = size_t(meta_tail() + bt_cap_) * 4;
-  const size_t per_block = size_t(opt_.block_size) * c.kv_dim() * 2 * 2 * c.num_layers;
+  const size_t per_block = size_t(opt_.block_size) * c.kv_dim() * 2 * 2 * kv_arrays;
   size_t free_b = 0, total_b = 0;
   MX_CUDA(cudaMemGetInfo(&free_b, &total_b));
   const size_t fixed = wbytes + abytes + align256(meta_bytes_) + (512ull << 20);  // + cuBLASLt, graphs, context
   const size_t budget = size_t(double(total_b) * opt_.gpu_memory_utilization);
-  const size_t min_blocks = (opt_.max_model_len + opt_.block_size - 1) / opt_.block_size;
+  const size_t min_blocks = size_t(len_blocks + window_blocks);
   if (opt_.num_kv_blocks > 0) num_blocks_ = opt_.num_kv_blocks;
   else num_blocks_ = budget > fixed ? int(std::min<size_t>((budget - fixed) / per_block, 1u << 30)) : 0;
   const size_t need = fixed + std::max<size_t>(num_blocks_, min_blocks) * per_block;
@@ -179,6 +191,8 @@ void CudaRunner::plan_memory() {
   lm_head_ = t16(V * H * 2);
   final_norm_ = t16(H * 2);
   const size_t kv_layer = size_t(num_blocks_) * opt_.block_size * c.kv_dim();
+  std::vector<int> kv_array(size_t(c.num_layers));
+  for (int l = 0, f = 0, sw = 0; l < c.num_layers; ++l) kv_array[size_t(l)] = c.layer_is_sliding[size_t(l)] ? sw++ : f++;
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     DevLayer& d = layers_[l];
@@ -187,7 +201,7 @@ void CudaRunner::plan_memory() {
     d.router_b = t16(ls.router_b); d.up_blocks = take(ls.up_blocks); d.up_scales = take(ls.up_scales);
     d.up_bias = t16(ls.up_bias); d.down_blocks = take(ls.down_blocks); d.down_scales = take(ls.down_scales);
     d.down_bias = t16(ls.down_bias);
-    d.k_cache = reinterpret_cast<uint16_t*>(kv_) + size_t(2 * l) * kv_layer;
+    d.k_cache = reinterpret_cast<uint16_t*>(kv_) + size_t(2 * kv_array[size_t(l)]) * kv_layer;
     d.v_cache = d.k_cache + kv_layer;
   }
   uint8_t* a = act_;
@@ -218,7 +232,7 @@ void CudaRunner::plan_memory() {
   MX_CUDA(cudaMallocHost(&hm, meta_bytes_));
   auto lay = [&](int32_t* base, StepMeta& m) {
     m.tok = base; m.pos = base + T_; m.slot = base + 2 * T_; m.bt_off = base + 3 * T_; m.srow = base + 4 * T_;
-    m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_;
+    m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_; m.slot_sw = base + 7 * T_; m.bt_off_sw = base + 8 * T_;
     m.sample_key = reinterpret_cast<uint64_t*>(base + meta_key_off());
     m.inv_temp = reinterpret_cast<float*>(base + meta_key_off() + 2 * S_);
     m.top_p = reinterpret_cast<float*>(base + meta_key_off() + 3 * S_);
@@ -357,7 +371,7 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   int M = 0, S = 0, nbt = 0, n_decode = 0;
   bool filters = false;
   std::vector<int>& sample_seq = sample_seq_;
-  std::vector<std::array<int, 3>>& layout = layout_;
+  std::vector<std::array<int, 4>>& layout = layout_;
   sample_seq.clear();
   layout.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -366,17 +380,31 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
     if (n == 0) continue;
     if (M + n > T_) fail("step has more than max_tokens_per_step={} tokens", T_);
     if (S >= S_ && q.sample) fail("step samples more than max_num_seqs={} sequences", S_);
-    if (nbt + int(q.block_table.size()) > bt_cap_) fail("step block tables exceed {} entries", bt_cap_);
     if (q.start_pos < 0 || q.start_pos + n > opt_.max_model_len)
       fail("sequence {} positions [{}, {}) exceed max_model_len {}", q.seq_id, q.start_pos, q.start_pos + n,
            opt_.max_model_len);
     const int need = (q.start_pos + n + opt_.block_size - 1) / opt_.block_size;
+    const bool sw = sliding_window_ > 0;
+    if (nbt + need * (sw ? 2 : 1) > bt_cap_) fail("step block tables exceed {} entries", bt_cap_);
     if (int(q.block_table.size()) < need)
       fail("sequence {} block table covers {} blocks, needs {}", q.seq_id, q.block_table.size(), need);
     for (int b = 0; b < need; ++b)
       if (q.block_table[b] < 0 || q.block_table[b] >= num_blocks_)
         fail("block id {} out of range [0, {})", q.block_table[b], num_blocks_);
-    std::memcpy(h.bt + nbt, q.block_table.data(), q.block_table.size() * 4);
+    std::memcpy(h.bt + nbt, q.block_table.data(), size_t(need) * 4);
+    const int bt_sw = sw ? nbt + need : nbt;
+    if (sw) {
+      if (int(q.sliding_table.size()) < need)
+        fail("sequence {} sliding block table covers {} blocks, needs {}", q.seq_id, q.sliding_table.size(), need);
+      // Entries before the window are never read; keep them in range anyway.
+      const int first = sliding_first_block(kv_shape(), q.start_pos);
+      for (int b = 0; b < need; ++b) {
+        const int32_t v = q.sliding_table[b];
+        if (b >= first && (v < 0 || v >= num_blocks_))
+          fail("sliding block id {} out of range [0, {})", v, num_blocks_);
+        h.bt[bt_sw + b] = b >= first ? v : 0;
+      }
+    }
     for (int j = 0; j < n; ++j) {
       const int p = q.start_pos + j;
       const int32_t t = q.tokens[j];
@@ -384,12 +412,14 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
       h.tok[M + j] = t;
       h.pos[M + j] = p;
       h.slot[M + j] = q.block_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size;
+      h.slot_sw[M + j] = sw ? q.sliding_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size : h.slot[M + j];
       h.bt_off[M + j] = nbt;
+      h.bt_off_sw[M + j] = bt_sw;
     }
     for (int j = 0; j < n; ++j)
       if (n == 1 || !opt_.flash_prefill_attention) h.decode_rows[n_decode++] = M + j;
-    layout.push_back({M, n, nbt});
-    nbt += int(q.block_table.size());
+    layout.push_back({M, n, nbt, bt_sw});
+    nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
       h.srow[S] = M - 1;

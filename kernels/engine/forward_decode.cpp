@@ -35,7 +35,8 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     cuda::QkvRopeKvParams q;
     q.res = {xin, y, xout};
     q.norm_w = L.attn_norm; q.eps = c.rms_norm_eps; q.w = L.qkv_w; q.bias = L.qkv_b;
-    q.pos = m.pos + t0; q.slot = m.slot + t0; q.inv_freq = inv_freq_; q.concentration = concentration_;
+    q.pos = m.pos + t0; q.slot = (sliding(l) ? m.slot_sw : m.slot) + t0;
+    q.inv_freq = inv_freq_; q.concentration = concentration_;
     q.q_out = qkv_; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
     q.M = M; q.H = H; q.Hq = Hq; q.Hkv = Hkv; q.D = D;
     if (!(skip_ & kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, s);
@@ -43,7 +44,8 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
 
     cuda::AttnDecodeParams a;
     a.q = qkv_; a.q_stride = Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
-    a.pos = m.pos + t0; a.bt_off = m.bt_off + t0; a.block_tables = m.bt; a.sinks = L.sinks; a.out = attn_;
+    a.pos = m.pos + t0; a.bt_off = (sliding(l) ? m.bt_off_sw : m.bt_off) + t0; a.block_tables = m.bt;
+    a.sinks = L.sinks; a.out = attn_;
     a.partials = attn_part_; a.tickets = tickets_;
     a.M = M; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size;
     a.window = c.layer_is_sliding[l] ? c.sliding_window : 0;
@@ -99,6 +101,7 @@ void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_toke
   p.attn_partials = attn_part_; p.attn_tickets = tickets_;
   p.router_logits = router_; p.xn = xn_; p.act = act_bf_; p.counters = step_counters_;
   p.pos = m.pos + t0; p.slot = m.slot + t0; p.bt_off = m.bt_off + t0; p.block_tables = m.bt;
+  p.slot_sw = m.slot_sw + t0; p.bt_off_sw = m.bt_off_sw + t0;
   p.inv_freq = inv_freq_; p.concentration = concentration_; p.eps = c.rms_norm_eps;
   p.alpha = c.swiglu_alpha; p.limit = c.swiglu_limit;
   p.M = M; p.H = c.hidden_size; p.I = c.intermediate_size; p.E = c.num_experts;

@@ -9,7 +9,7 @@
 
 namespace mx {
 
-void CudaRunner::forward_prefill(int M, int S, const std::vector<std::array<int, 3>>& seqs, int n_decode) {
+void CudaRunner::forward_prefill(int M, int S, const std::vector<std::array<int, 4>>& seqs, int n_decode) {
   const ModelConfig& c = cfg_;
   const int H = c.hidden_size, E = c.num_experts, I = c.intermediate_size, k = c.experts_per_token;
   const int D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads, QKV = c.qkv_dim();
@@ -31,15 +31,16 @@ void CudaRunner::forward_prefill(int M, int S, const std::vector<std::array<int,
     mark("attn_norm", 0);
     gemm(xn_, L.qkv_w, L.qkv_b, qkv_, QKV, H, false);
     mark("qkv_gemm", 0);
-    cuda::launch_rope_kv({qkv_, m.pos, m.slot, inv_freq_, concentration_, L.k_cache, L.v_cache, qbf_, M, Hq, Hkv, D},
-                         s);
+    const bool sw = sliding(l);
+    cuda::launch_rope_kv(
+        {qkv_, m.pos, sw ? m.slot_sw : m.slot, inv_freq_, concentration_, L.k_cache, L.v_cache, qbf_, M, Hq, Hkv, D}, s);
     mark("rope_kv", 0);
-    for (const auto& [row, n, bt_off] : seqs) {
+    for (const auto& [row, n, bt_off, bt_off_sw] : seqs) {
       if (n == 1 || !opt_.flash_prefill_attention) continue;
       cuda::AttnPrefillParams a;
       a.q = qbf_ + size_t(row) * Hq * D; a.q_stride = Hq * D;
       a.k_cache = L.k_cache; a.v_cache = L.v_cache;
-      a.block_table = m.bt + bt_off;
+      a.block_table = m.bt + (sw ? bt_off_sw : bt_off);
       a.sinks = L.sinks; a.out = attn_ + size_t(row) * Hq * D;
       a.T = n; a.start = hmeta_.pos[row]; a.Hq = Hq; a.Hkv = Hkv; a.block_size = opt_.block_size;
       a.window = window; a.scale = 1.0f / 8.0f;
@@ -48,7 +49,8 @@ void CudaRunner::forward_prefill(int M, int S, const std::vector<std::array<int,
     if (n_decode > 0) {
       cuda::AttnDecodeParams a;
       a.q = qkv_; a.q_stride = QKV; a.rows = m.decode_rows;
-      a.k_cache = L.k_cache; a.v_cache = L.v_cache; a.pos = m.pos; a.bt_off = m.bt_off; a.block_tables = m.bt;
+      a.k_cache = L.k_cache; a.v_cache = L.v_cache; a.pos = m.pos; a.bt_off = sw ? m.bt_off_sw : m.bt_off;
+      a.block_tables = m.bt;
       a.sinks = L.sinks; a.out = attn_; a.partials = attn_part_; a.tickets = tickets_;
       a.M = n_decode; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size; a.window = window;
       cuda::attention_decode(a, s);

@@ -41,6 +41,9 @@ double expected_distinct_experts(const ModelConfig& c, int M);
 // Step metadata in one pinned host block and its device mirror (one H2D copy per step).
 struct StepMeta {
   int32_t *tok, *pos, *slot, *bt_off, *srow, *srow_local, *decode_rows, *bt;
+  // The sliding-window layers' cache rows and block-table offsets (equal to slot / bt_off when the
+  // model has no sliding layers).
+  int32_t *slot_sw, *bt_off_sw;
   uint64_t* sample_key;  // [S] random stream of each sampled row (GPU sampling)
   float* inv_temp;       // [S] 1 / temperature for GPU sampling, 0 = greedy (or sampled on the host)
   float *top_p, *min_p;  // [S] filters of GPU sampling (1 / 0 = off)
@@ -53,7 +56,7 @@ class CudaRunner final : public CudaRunnerBase {
   ~CudaRunner() override;
 
   const ModelConfig& config() const override { return cfg_; }
-  KvCacheShape kv_shape() const override { return {opt_.block_size, num_blocks_}; }
+  KvCacheShape kv_shape() const override { return {opt_.block_size, num_blocks_, sliding_window_}; }
   CudaLoadStats load_stats() const override { return stats_; }
   double decode_weight_bytes(int M) const override;
   std::span<const float> last_logits(int index) const override;
@@ -80,11 +83,12 @@ class CudaRunner final : public CudaRunnerBase {
   // profiling or leaving kernels out, which need the per-op launches.
   void forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq);
   // Prefill forward over all M tokens of the step with the sequences' layout.
-  void forward_prefill(int M, int S, const std::vector<std::array<int, 3>>& seqs, int n_decode);
+  void forward_prefill(int M, int S, const std::vector<std::array<int, 4>>& seqs, int n_decode);
+  bool sliding(int layer) const { return sliding_window_ > 0 && cfg_.layer_is_sliding[size_t(layer)]; }
   void final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
-  // int32 words of the step metadata before the block tables: 7 token arrays, then (at an even
+  // int32 words of the step metadata before the block tables: 9 token arrays, then (at an even
   // offset) the 64-bit sample keys, the inverse temperatures, top_p, min_p and top_k of the sampled rows.
-  int meta_key_off() const { return (7 * T_ + 1) & ~1; }  // even: the 64-bit keys stay 8-byte aligned
+  int meta_key_off() const { return (9 * T_ + 1) & ~1; }  // even: the 64-bit keys stay 8-byte aligned
   int meta_tail() const { return meta_key_off() + 6 * S_; }
   void run_decode_graph(int M);
 
@@ -97,6 +101,7 @@ class CudaRunner final : public CudaRunnerBase {
   CudaLoadStats stats_;
   int vocab_limit_ = 0;  // ids >= this (beyond the tokenizer) are never sampled
   int T_ = 0, S_ = 0, bt_cap_ = 0, num_blocks_ = 0, last_sampled_ = 0;
+  int sliding_window_ = 0;  // kv_shape().sliding_window: 0 when no layer slides
   int attn_rows_ = 0;  // rows the decode attention's split-K scratch holds
   uint8_t *weights_ = nullptr, *act_ = nullptr, *kv_ = nullptr;
   uint16_t *embed_ = nullptr, *lm_head_ = nullptr, *final_norm_ = nullptr;
@@ -126,7 +131,8 @@ class CudaRunner final : public CudaRunnerBase {
   std::vector<SampleJob> jobs_;
   // Host bookkeeping of step(), kept so a step allocates nothing once warm.
   std::vector<int> sample_seq_;
-  std::vector<std::array<int, 3>> layout_;  // per sequence: first token row, token count, block-table offset
+  // Per sequence: first token row, token count, block-table offsets of the full and sliding layers.
+  std::vector<std::array<int, 4>> layout_;
   // CUDA graphs of the single-chunk decode step, one per token count 1..8.
   bool use_graphs_ = true;
   uint32_t skip_ = 0;  // DecodeKernelBit mask (bench only)

@@ -184,7 +184,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   opt.max_model_len = nblk * bs;
   opt.max_num_seqs = nseq;
   opt.max_tokens_per_step = 256;
-  opt.num_kv_blocks = nblk * nseq + 5;
+  opt.num_kv_blocks = 2 * nblk * nseq + 5;
   opt.block_size = bs;
   opt.keep_logits = true;
   opt.prefill_min_tokens = prefill_min_tokens;
@@ -198,11 +198,18 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   std::vector<std::vector<int32_t>> bt(nseq);
   for (int s = 0; s < nseq; ++s)  // non-contiguous, interleaved blocks
     for (int b = 0; b < nblk; ++b) bt[s].push_back((nblk - 1 - b) * nseq + s + 5);
+  // The sliding layers' blocks come after them. The GPU steps get -1 before each step's window, as
+  // the engine passes once it has given those blocks back: they must never be read.
+  std::vector<std::vector<int32_t>> sw(nseq);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) sw[s].push_back(nblk * nseq + 5 + b * nseq + s);
   mx::CpuKvCache kv;
   kv.allocate(cfg, bs, opt.num_kv_blocks);
   std::vector<std::vector<float>> ref_logits(size_t(nseq) * N, std::vector<float>(cfg.vocab_size));
   for (int s = 0; s < nseq; ++s)
-    for (int p = 0; p < N; ++p) ref.forward_token(toks[s][p], p, bt[s].data(), kv, ref_logits[s * N + p].data());
+    for (int p = 0; p < N; ++p)
+      ref.forward_token(toks[s][p], p, bt[s].data(), sw[s].data(), kv, ref_logits[s * N + p].data());
+  std::vector<std::vector<int32_t>> sw_step(nseq);
 
   E2eResult res;
   std::vector<int> done(nseq, 0);
@@ -214,6 +221,10 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
       seqs[s].tokens = std::span<const int32_t>(toks[s].data() + done[s], n);
       seqs[s].start_pos = done[s];
       seqs[s].block_table = bt[s];
+      sw_step[s] = sw[s];
+      const int first = mx::sliding_first_block(gpu->kv_shape(), done[s]);
+      for (int b = 0; b < first; ++b) sw_step[s][size_t(b)] = -1;
+      seqs[s].sliding_table = sw_step[s];
       seqs[s].sample = true;
       seqs[s].sampling.temperature = 0;
       done[s] += n;
@@ -290,7 +301,7 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   opt.max_model_len = nblk * bs;
   opt.max_num_seqs = nseq;
   opt.max_tokens_per_step = std::max(64, nseq * P);
-  opt.num_kv_blocks = nblk * nseq + 2;
+  opt.num_kv_blocks = 2 * nblk * nseq + 2;
   opt.block_size = bs;
   opt.keep_logits = true;
   opt.decode_step_min_tokens = persistent ? 1 : 9;
@@ -300,6 +311,9 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   std::vector<std::vector<int32_t>> bt(nseq);
   for (int s = 0; s < nseq; ++s)
     for (int b = 0; b < nblk; ++b) bt[s].push_back((nblk - 1 - b) * nseq + s + 1);
+  std::vector<std::vector<int32_t>> sw(nseq);  // the sliding layers' blocks
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) sw[s].push_back(nblk * nseq + 2 + b * nseq + s);
   std::vector<int32_t> toks(N);
   for (int i = 0; i < N; ++i) toks[i] = (i * 7919 + 13) % cfg.vocab_size;
   for (int st = 0; st <= steps; ++st) {
@@ -310,6 +324,7 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
       seqs[s].tokens = std::span<const int32_t>(toks.data() + t0, n);
       seqs[s].start_pos = t0;
       seqs[s].block_table = bt[s];
+      seqs[s].sliding_table = sw[s];
       seqs[s].sample = true;
       seqs[s].sampling.temperature = 0;
     }
@@ -353,7 +368,7 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
   opt.max_model_len = N;
   opt.max_num_seqs = nseq;
   opt.max_tokens_per_step = 64;
-  opt.num_kv_blocks = nblk * nseq;
+  opt.num_kv_blocks = 2 * nblk * nseq;
   opt.block_size = bs;
   opt.keep_logits = true;
   opt.prefill_min_tokens = 9;
@@ -361,6 +376,9 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
   std::vector<std::vector<int32_t>> bt(nseq);
   for (int s = 0; s < nseq; ++s)
     for (int b = 0; b < nblk; ++b) bt[s].push_back(b * nseq + s);
+  std::vector<std::vector<int32_t>> sw(nseq);  // the sliding layers' blocks
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) sw[s].push_back(nblk * nseq + b * nseq + s);
   std::vector<int32_t> toks(N, 0);
   for (int i = 0; i < N; ++i) toks[i] = (i * 37 + 11) % cfg.vocab_size;
   std::vector<int> done(nseq, 0);
@@ -373,6 +391,7 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
       seqs[s].tokens = std::span<const int32_t>(toks.data() + done[s], n);
       seqs[s].start_pos = done[s];
       seqs[s].block_table = bt[s];
+      seqs[s].sliding_table = sw[s];
       seqs[s].sample = true;
       seqs[s].rng_step = uint64_t(st);
       mx::SamplingParams& p = seqs[s].sampling;

@@ -44,12 +44,14 @@ void check_gpu_golden(const char* name, int prefill_first = 0) {
     opt.max_model_len = int(ids.size() + 15) / 16 * 16;
     opt.max_num_seqs = 1;
     opt.max_tokens_per_step = 64;
-    opt.num_kv_blocks = opt.max_model_len / 16 + 2;
+    opt.num_kv_blocks = 2 * (opt.max_model_len / 16 + 2);
     opt.keep_logits = true;
     auto gpu = mx::make_cuda_runner(opt);
     const int nb = opt.max_model_len / 16;
     std::vector<int32_t> table(nb);
     for (int i = 0; i < nb; ++i) table[i] = nb + 1 - i;  // non-identity block order on purpose
+    std::vector<int32_t> sliding(nb);  // the sliding layers' own blocks, after them
+    for (int i = 0; i < nb; ++i) sliding[i] = nb + 2 + (i + 1) % nb;
     const size_t first = prefill_first > 0 ? std::min<size_t>(prefill_first, ids.size() / 2) : 1;
     for (size_t t = first - 1; t < ids.size(); ++t) {
       mx::SeqStep s;
@@ -57,6 +59,7 @@ void check_gpu_golden(const char* name, int prefill_first = 0) {
       s.tokens = std::span<const int32_t>(&ids[t0], t + 1 - t0);
       s.start_pos = int(t0);
       s.block_table = table;
+      s.sliding_table = sliding;
       s.sample = true;
       s.sampling.temperature = 0;
       mx::SampleResult r;

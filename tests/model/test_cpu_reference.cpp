@@ -261,10 +261,11 @@ TEST(CpuReference, MatchesNaiveDoubleForward) {
   mx::CpuKvCache kv;
   kv.allocate(c, 4, 6);
   const int32_t table[3] = {4, 1, 2};  // non-identity, skips blocks on purpose
+  const int32_t sliding[3] = {0, 3, 5};  // the sliding layers' blocks share the arrays, not the blocks
   std::vector<float> logits(c.vocab_size);
   double num = 0, den = 0, max_abs = 0;
   for (size_t t = 0; t < ids.size(); ++t) {
-    ref.forward_token(ids[t], int(t), table, kv, logits.data());
+    ref.forward_token(ids[t], int(t), table, sliding, kv, logits.data());
     for (int i = 0; i < c.vocab_size; ++i) {
       double d = logits[i] - want[t][i];
       num += d * d;
@@ -309,7 +310,7 @@ struct ProbeModel : MiniModel {
     kv.allocate(cfg, 16, 1);
     const int32_t table[1] = {0};
     std::vector<float> logits(cfg.vocab_size);
-    ref.forward_token(token, 0, table, kv, logits.data());
+    ref.forward_token(token, 0, table, table, kv, logits.data());  // one layer: no sharing
     return logits;
   }
   std::vector<double> rmsnorm(std::vector<double> x) const {

@@ -50,11 +50,12 @@ void check_golden(const fs::path& golden_path) {
     std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
     mx::CpuKvCache kv;
     const int bs = 16, nb = int(ids.size() + bs - 1) / bs;
-    kv.allocate(cfg, bs, nb);
-    std::vector<int32_t> table(nb);
+    kv.allocate(cfg, bs, 2 * nb);
+    std::vector<int32_t> table(nb), sliding(nb);
     for (int i = 0; i < nb; ++i) table[i] = nb - 1 - i;  // non-identity block order on purpose
+    for (int i = 0; i < nb; ++i) sliding[i] = nb + (i + 1) % nb;  // the sliding layers' own blocks, rotated
     for (size_t t = 0; t < ids.size(); ++t) {
-      ref.forward_token(ids[t], int(t), table.data(), kv, logits.data());
+      ref.forward_token(ids[t], int(t), table.data(), sliding.data(), kv, logits.data());
       const json& pos = p["positions"][t];
       auto check = [&](int id, float want) {
         double d = double(logits[id]) - want;

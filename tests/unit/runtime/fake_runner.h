@@ -2,10 +2,15 @@
 // and every step's work is recorded to check budgets and block tables. It also keeps a fake KV
 // cache: each slot holds a digest of the whole prefix up to its position, read back through the
 // block table, and the sampled token's logprob carries the digest of the sequence's prefix. So
-// reusing a wrong or stale KV block (a prefix-cache bug) changes the logprobs.
+// reusing a wrong or stale KV block (a prefix-cache bug) changes the logprobs. With a sliding
+// window, the sliding layers' table gets the digests too (tagged, in the same slot array, so a block
+// in both tables at once is caught), the prefix digest is read through it, and every position of the
+// window must read back the full layers' digest.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <span>
 #include <vector>
 
 #include "runtime/engine.h"
@@ -14,8 +19,8 @@ namespace mx::runtime::fake {
 
 class FakeRunner : public ModelRunner {
  public:
-  explicit FakeRunner(int blocks, int block_size = 4)
-      : shape_{block_size, blocks}, kv_(size_t(blocks) * size_t(block_size), 0) {
+  explicit FakeRunner(int blocks, int block_size = 4, int window = 0)
+      : shape_{block_size, blocks, window}, kv_(size_t(blocks) * size_t(block_size) + 1, 0) {
     cfg_.max_position_embeddings = 4096;
   }
   const ModelConfig& config() const override { return cfg_; }
@@ -27,10 +32,22 @@ class FakeRunner : public ModelRunner {
       total += int(s.tokens.size());
       int need = (s.start_pos + int(s.tokens.size()) + shape_.block_size - 1) / shape_.block_size;
       EXPECT_GE(int(s.block_table.size()), need);
-      uint64_t d = s.start_pos == 0 ? 0 : kv_[slot(s, s.start_pos - 1)];
+      for (int b = 0; b < need; ++b) EXPECT_TRUE(s.block_table[size_t(b)] >= 0 && s.block_table[size_t(b)] < shape_.num_blocks);
+      uint64_t d = s.start_pos == 0 ? 0 : kv_[slot(s.block_table, s.start_pos - 1)];
+      if (shape_.sliding_window > 0) {
+        EXPECT_GE(int(s.sliding_table.size()), need);
+        const int first = sliding_first_block(shape_, s.start_pos);
+        for (int b = first; b < need && b < int(s.sliding_table.size()); ++b)
+          EXPECT_TRUE(s.sliding_table[size_t(b)] >= 0 && s.sliding_table[size_t(b)] < shape_.num_blocks) << "block " << b;
+        for (int p = std::max(0, s.start_pos - shape_.sliding_window + 1); p < s.start_pos; ++p) {
+          sliding_mismatches += kv_[slot(s.sliding_table, p)] != (kv_[slot(s.block_table, p)] ^ kSlidingTag);
+        }
+        if (s.start_pos > 0) d = kv_[slot(s.sliding_table, s.start_pos - 1)] ^ kSlidingTag;
+      }
       for (size_t t = 0; t < s.tokens.size(); ++t) {
         d = (d ^ uint64_t(s.tokens[t] + 1)) * 0x100000001b3ull;
-        kv_[slot(s, s.start_pos + int(t))] = d;
+        kv_[slot(s.block_table, s.start_pos + int(t))] = d;
+        if (shape_.sliding_window > 0) kv_[slot(s.sliding_table, s.start_pos + int(t))] = d ^ kSlidingTag;
       }
       if (s.sample) {
         out[i].token = (s.tokens.back() + 1) % 1000;
@@ -40,10 +57,15 @@ class FakeRunner : public ModelRunner {
     step_tokens.push_back(total);
   }
   std::vector<int> step_tokens;
+  int sliding_mismatches = 0;  // window positions whose sliding digest differs from the full one
 
  private:
-  size_t slot(const SeqStep& s, int pos) const {
-    return size_t(s.block_table[size_t(pos / shape_.block_size)]) * size_t(shape_.block_size) + size_t(pos % shape_.block_size);
+  static constexpr uint64_t kSlidingTag = 0x5a5a5a5a5a5a5a5aull;
+  // A missing or bad block (already reported) maps to the spare last slot instead of out of bounds.
+  size_t slot(std::span<const int32_t> table, int pos) const {
+    const size_t i = size_t(pos / shape_.block_size);
+    if (i >= table.size() || table[i] < 0 || table[i] >= shape_.num_blocks) return kv_.size() - 1;
+    return size_t(table[i]) * size_t(shape_.block_size) + size_t(pos % shape_.block_size);
   }
   ModelConfig cfg_;
   KvCacheShape shape_;
