@@ -1,148 +1,216 @@
+// Flash-attention prefill (FA2 style, mma.sync m16n8k16 bf16, fp32 accumulate).
+//
+// A CTA takes 16 consecutive queries and the G query heads of one KV head, one warp per head, so a
+// K/V tile is read from the cache once for all G heads (GQA) and every warp has the same causal
+// extent (uniform loops, no divergence). Per 64-key tile a warp computes S = Q K^T (16 x 64) in
+// registers, runs the online softmax on them (scores in log2 units, the sink as the initial max with
+// weight 1), reuses S's accumulator layout directly as the A operand of P V, and rescales O in
+// registers. K/V tiles are double-buffered with cp.async; rows come through the block table. Keys
+// below the first query's window and past the last query are zero-filled, not loaded: with sliding
+// layers those blocks may already belong to someone else, and a masked P of 0 times a non-finite V
+// would still poison the sum.
 #include "kernels/attention_prefill/attention_prefill.h"
 
-#include <cuda_bf16.h>
-#include <mma.h>
+#include <stdexcept>
+#include <string>
 
 namespace mx::cuda {
 namespace {
-using namespace nvcuda;
-constexpr int BQ = 64, BK = 64, D = 64, LDH = D + 8, LDF = BK + 4;
 
-// One block = 64 queries x one q head; 4 warps, each owns 16 query rows.
-__global__ void __launch_bounds__(128) attn_prefill_kernel(AttnPrefillParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* Ks = Qs + BQ * LDH;
-  __nv_bfloat16* Vs = Ks + BK * LDH;
-  __nv_bfloat16* Ps = Vs + BK * LDH;
-  float* Ss = reinterpret_cast<float*>(Ps + BQ * LDH);
-  float* Os = Ss + BQ * LDF;
-  float* row_m = Os + BQ * LDF;
-  float* row_l = row_m + BQ;
+constexpr int D = 64, BQ = 16, BK = 64, LDS = D + 8;  // smem row stride 144 B: ldmatrix without bank conflicts
+constexpr int kMaxG = 8;
+constexpr float kLog2e = 1.4426950408889634f;
 
-  const int h = blockIdx.y, kvh = h / (p.Hq / p.Hkv);
-  const int q0 = blockIdx.x * BQ;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const float sink = __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p.sinks)[h]);
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
-  for (int i = tid; i < BQ * D / 8; i += 128) {
-    int r = i / (D / 8), c = (i % (D / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (q0 + r < p.T) v = *reinterpret_cast<const uint4*>(p.q + size_t(q0 + r) * p.q_stride + h * D + c);
-    *reinterpret_cast<uint4*>(Qs + r * LDH + c) = v;
-  }
-  for (int i = tid; i < BQ * LDF; i += 128) Os[i] = 0.f;
-  if (tid < BQ) { row_m[tid] = sink; row_l[tid] = 1.f; }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-  const int pmin = p.start + q0;
-  const int pmax = p.start + min(q0 + BQ, p.T) - 1;
-  int kbeg = p.window > 0 ? max(0, pmin - p.window + 1) : 0;
-  kbeg = (kbeg / BK) * BK;
-  for (int k0 = kbeg; k0 <= pmax; k0 += BK) {
-    __syncthreads();
-    for (int i = tid; i < BK * D / 8; i += 128) {
-      int r = i / (D / 8), c = (i % (D / 8)) * 8;
-      int j = k0 + r;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-      if (j <= pmax) {
-        size_t row = size_t(p.block_table[j / p.block_size]) * p.block_size + j % p.block_size;
-        size_t off = (row * p.Hkv + kvh) * D + c;
-        kv = *reinterpret_cast<const uint4*>(p.k_cache + off);
-        vv = *reinterpret_cast<const uint4*>(p.v_cache + off);
-      }
-      *reinterpret_cast<uint4*>(Ks + r * LDH + c) = kv;
-      *reinterpret_cast<uint4*>(Vs + r * LDH + c) = vv;
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Round to nearest even (finite inputs), low half = lo.
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float bf16_round(float f) { return __uint_as_float(bf16_bits(f) << 16); }
+__device__ __forceinline__ float bf16_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+// Grid: (query tiles, Hkv), heaviest (latest) query tiles first. Block: 32 * G threads.
+__global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillParams p) {
+  __shared__ __align__(128) uint16_t ks[2][BK * LDS];
+  __shared__ __align__(128) uint16_t vs[2][BK * LDS];
+  const int G = p.Hq / p.Hkv, kvh = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int h = kvh * G + warp;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+  const int pmin = p.start + q0, pmax = p.start + min(q0 + BQ, p.T) - 1;
+  const int klo = p.window > 0 ? max(0, pmin - p.window + 1) : 0;  // keys below: zero-filled
+  const int kbeg = klo / BK * BK;
+  const int ntiles = (pmax - kbeg) / BK + 1;
+  const int nthreads = 32 * G;
+
+  auto load_tile = [&](int tile, int buf) {
+    const int k0 = kbeg + tile * BK;
+    for (int i = threadIdx.x; i < BK * (D / 8); i += nthreads) {
+      const int r = i >> 3, c = (i & 7) * 8, j = k0 + r;
+      const bool valid = j >= klo && j <= pmax;
+      size_t off = 0;
+      if (valid) off = ((size_t(p.block_table[j / p.block_size]) * p.block_size + j % p.block_size) * p.Hkv + kvh) * D + c;
+      cp_async16(smem_addr(&ks[buf][r * LDS + c]), p.k_cache + off, valid);
+      cp_async16(smem_addr(&vs[buf][r * LDS + c]), p.v_cache + off, valid);
     }
-    __syncthreads();
-    {  // S = Q K^T for this warp's 16 rows
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4];
-      for (int n = 0; n < 4; ++n) wmma::fill_fragment(acc[n], 0.f);
-      for (int kk = 0; kk < D; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::load_matrix_sync(a, Qs + warp * 16 * LDH + kk, LDH);
-        for (int n = 0; n < 4; ++n) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-          wmma::load_matrix_sync(b, Ks + n * 16 * LDH + kk, LDH);
-          wmma::mma_sync(acc[n], a, b, acc[n]);
-        }
-      }
-      for (int n = 0; n < 4; ++n)
-        wmma::store_matrix_sync(Ss + warp * 16 * LDF + n * 16, acc[n], LDF, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Online softmax: lane owns columns lane and lane + 32 of each of the warp's rows.
-    for (int rr = 0; rr < 16; ++rr) {
-      const int r = warp * 16 + rr, pos = p.start + q0 + r;
-      float s[2];
-      float mx = -INFINITY;
-      for (int c2 = 0; c2 < 2; ++c2) {
-        int j = k0 + lane + 32 * c2;
-        bool ok = (q0 + r < p.T) && j <= pos && (p.window == 0 || j > pos - p.window);
-        s[c2] = ok ? Ss[r * LDF + lane + 32 * c2] * p.scale : -INFINITY;
-        mx = fmaxf(mx, s[c2]);
-      }
-      for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_old = row_m[r], m_new = fmaxf(m_old, mx);
-      float sum = 0.f;
-      for (int c2 = 0; c2 < 2; ++c2) {
-        float e = s[c2] == -INFINITY ? 0.f : __expf(s[c2] - m_new);
-        __nv_bfloat16 eb = __float2bfloat16(e);
-        Ps[r * LDH + lane + 32 * c2] = eb;
-        sum += __bfloat162float(eb);  // normalize with what P V actually uses
-      }
-      for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      const float alpha = __expf(m_old - m_new);
-      __syncwarp();
-      if (lane == 0) { row_m[r] = m_new; row_l[r] = row_l[r] * alpha + sum; }
-      // Store alpha in the S row's spare column for the O rescale below.
-      if (lane == 0) Ss[r * LDF + BK] = alpha;
-    }
-    __syncwarp();
-    {  // tmp = P V (16 x 64 per warp) into the S rows of this warp, then O = O * alpha + tmp
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4];
-      for (int n = 0; n < 4; ++n) wmma::fill_fragment(acc[n], 0.f);
-      for (int kk = 0; kk < BK; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::load_matrix_sync(a, Ps + warp * 16 * LDH + kk, LDH);
-        for (int n = 0; n < 4; ++n) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-          wmma::load_matrix_sync(b, Vs + kk * LDH + n * 16, LDH);
-          wmma::mma_sync(acc[n], a, b, acc[n]);
-        }
-      }
-      float alpha_r[16];
-      for (int rr = 0; rr < 16; ++rr) alpha_r[rr] = Ss[(warp * 16 + rr) * LDF + BK];
-      __syncwarp();
-      for (int n = 0; n < 4; ++n)
-        wmma::store_matrix_sync(Ss + warp * 16 * LDF + n * 16, acc[n], LDF, wmma::mem_row_major);
-      __syncwarp();
-      for (int rr = 0; rr < 16; ++rr) {
-        const int r = warp * 16 + rr;
-        for (int c = lane; c < D; c += 32) Os[r * LDF + c] = Os[r * LDF + c] * alpha_r[rr] + Ss[r * LDF + c];
-      }
+    cp_async_commit();
+  };
+  load_tile(0, 0);
+
+  // Q fragments of this warp's 16 queries x 64 dims (A operand, 4 k-steps), straight from global.
+  uint32_t qa[4][4];
+  {
+    const int ra = q0 + g, rb = q0 + g + 8;
+    const uint16_t* qp = p.q + size_t(h) * D + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const int d0 = kk * 16;
+      qa[kk][0] = ra < p.T ? *reinterpret_cast<const uint32_t*>(qp + size_t(ra) * p.q_stride + d0) : 0u;
+      qa[kk][1] = rb < p.T ? *reinterpret_cast<const uint32_t*>(qp + size_t(rb) * p.q_stride + d0) : 0u;
+      qa[kk][2] = ra < p.T ? *reinterpret_cast<const uint32_t*>(qp + size_t(ra) * p.q_stride + d0 + 8) : 0u;
+      qa[kk][3] = rb < p.T ? *reinterpret_cast<const uint32_t*>(qp + size_t(rb) * p.q_stride + d0 + 8) : 0u;
     }
   }
-  __syncthreads();
-  for (int i = tid; i < BQ * D; i += 128) {
-    int r = i / D, c = i % D;
-    if (q0 + r < p.T)
-      reinterpret_cast<__nv_bfloat16*>(p.out)[size_t(q0 + r) * p.Hq * D + h * D + c] =
-          __float2bfloat16(Os[r * LDF + c] / row_l[r]);
+  const float sc = p.scale * kLog2e;
+  const float sink = bf16_float(p.sinks[h]) * kLog2e;
+  float m[2] = {sink, sink}, l[2] = {1.f, 1.f};  // rows g and g + 8; the sink's weight is exp2(0)
+  float o[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  const int pos[2] = {p.start + q0 + g, p.start + q0 + g + 8};
+  const bool live[2] = {q0 + g < p.T, q0 + g + 8 < p.T};
+
+  for (int tile = 0; tile < ntiles; ++tile) {
+    const int buf = tile & 1;
+    if (tile + 1 < ntiles) {
+      load_tile(tile + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int k0 = kbeg + tile * BK;
+    // S = Q K^T: 8 n-tiles of 8 keys; ldmatrix x4 gives b0/b1 of two n-tiles per k-step.
+    float s[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        const int mi = lane >> 3, r = lane & 7;
+        const int key = jp * 16 + r + (mi >> 1) * 8, d = kk * 16 + (mi & 1) * 8;
+        uint32_t b[4];
+        ldsm_x4(smem_addr(&ks[buf][key * LDS + d]), b);
+        mma(s[2 * jp], qa[kk], b[0], b[1]);
+        mma(s[2 * jp + 1], qa[kk], b[2], b[3]);
+      }
+    // Mask, online softmax (per row: the quad t = 0..3 holds its 64 columns).
+    const bool full_tile = k0 + BK - 1 <= pmin && (p.window == 0 || k0 > pmax - p.window);
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = e >> 1, key = k0 + 8 * j + 2 * t + (e & 1);
+        const bool ok = live[row] && (full_tile || (key <= pos[row] && (p.window == 0 || key > pos[row] - p.window)));
+        s[j][e] = ok ? s[j][e] * sc : -INFINITY;
+        mx[row] = fmaxf(mx[row], s[j][e]);
+      }
+    float alpha[2], sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 1));
+      mx[row] = fmaxf(mx[row], __shfl_xor_sync(0xffffffffu, mx[row], 2));
+      const float mn = fmaxf(m[row], mx[row]);  // finite: m starts at the sink
+      alpha[row] = exp2f(m[row] - mn);
+      m[row] = mn;
+    }
+    uint32_t pa[4][4];  // P as the A operand of P V: k-step kk = keys 16 kk .. 16 kk + 15
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float e[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        e[q] = bf16_round(exp2f(s[j][q] - m[q >> 1]));  // P V uses the rounded weights: so does l
+        sum[q >> 1] += e[q];
+      }
+      pa[j >> 1][(j & 1) * 2 + 0] = bf16_bits(e[0]) | (bf16_bits(e[1]) << 16);
+      pa[j >> 1][(j & 1) * 2 + 1] = bf16_bits(e[2]) | (bf16_bits(e[3]) << 16);
+    }
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      sum[row] += __shfl_xor_sync(0xffffffffu, sum[row], 1);
+      sum[row] += __shfl_xor_sync(0xffffffffu, sum[row], 2);
+      l[row] = l[row] * alpha[row] + sum[row];
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+      o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+    }
+    // O += P V: V rows are keys (k), columns dims (n): transposed ldmatrix gives the col operand.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      // pa[kk] holds (row g, keys 2t..) (row g+8, keys 2t..) (row g, keys 2t+8..) (row g+8, keys 2t+8..)
+      const uint32_t a[4] = {pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]};
+#pragma unroll
+      for (int jp = 0; jp < 4; ++jp) {
+        const int mi = lane >> 3, r = lane & 7;
+        const int key = kk * 16 + r + (mi & 1) * 8, d = jp * 16 + (mi >> 1) * 8;
+        uint32_t b[4];
+        ldsm_x4_t(smem_addr(&vs[buf][key * LDS + d]), b);
+        mma(o[2 * jp], a, b[0], b[1]);
+        mma(o[2 * jp + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the buffer is refilled by the next iteration's load
+  }
+  uint16_t* out = p.out + size_t(h) * D + 2 * t;
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    if (!live[row]) continue;
+    const float inv = 1.f / l[row];
+    uint16_t* orow = out + size_t(q0 + g + 8 * row) * p.Hq * D;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      *reinterpret_cast<uint32_t*>(orow + 8 * j) =
+          bf16_bits(o[j][2 * row] * inv) | (bf16_bits(o[j][2 * row + 1] * inv) << 16);
   }
 }
 
-constexpr size_t kSmem = size_t(4) * BQ * LDH * 2 + size_t(2) * BQ * LDF * 4 + 2 * BQ * 4;
 }  // namespace
 
 void attention_prefill_bf16(const AttnPrefillParams& p, cudaStream_t s) {
   if (p.T <= 0) return;
-  static bool attr_set = false;
-  if (!attr_set) {
-    cudaFuncSetAttribute(attn_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
-    attr_set = true;
-  }
-  dim3 grid((p.T + BQ - 1) / BQ, p.Hq);
-  attn_prefill_kernel<<<grid, 128, kSmem, s>>>(p);
+  if (p.Hkv <= 0 || p.Hq % p.Hkv || p.Hq / p.Hkv > kMaxG)
+    throw std::invalid_argument("attention_prefill_bf16: needs Hq a multiple of Hkv with at most " +
+                                std::to_string(kMaxG) + " query heads per KV head");
+  dim3 grid((p.T + BQ - 1) / BQ, p.Hkv);
+  attn_prefill_kernel<<<grid, 32 * (p.Hq / p.Hkv), 0, s>>>(p);
 }
 
 }  // namespace mx::cuda

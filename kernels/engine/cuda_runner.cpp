@@ -179,6 +179,9 @@ void CudaRunner::plan_memory() {
   MX_CUDA(cudaMalloc(&weights_, wbytes));
   MX_CUDA(cudaMalloc(&act_, abytes + align256(meta_bytes_)));
   MX_CUDA(cudaMalloc(&kv_, size_t(num_blocks_) * per_block));
+  // Attention kernels zero the weight of keys they must not see, and 0 x NaN is NaN: a never-written
+  // block (read through the rounding of a tile edge) must hold finite values.
+  MX_CUDA(cudaMemset(kv_, 0, size_t(num_blocks_) * per_block));
   MX_CUDA(cudaMemset(act_, 0, abytes + align256(meta_bytes_)));  // tickets must start at zero
   stats_.weight_bytes = wbytes;
   stats_.activation_bytes = abytes;
