@@ -33,7 +33,9 @@ T* to_dev(const std::vector<T>& h) {
   return d;
 }
 
-struct Case { int T, start, window, block_size; float sink_lo, sink_hi; };
+// poison: the rows no query may see (before the first query's window, past the last key) hold NaN,
+// as blocks the sliding layers gave back may: the output must not change.
+struct Case { int T, start, window, block_size; float sink_lo, sink_hi; bool poison = false; };
 
 std::vector<float> run_case(const Case& c, std::vector<float>* ref_out) {
   const int Hq = 64, Hkv = 8, D = 64, qs = (Hq + 2 * Hkv) * D;
@@ -45,6 +47,13 @@ std::vector<float> run_case(const Case& c, std::vector<float>* ref_out) {
   std::vector<int32_t> bt(nblk);
   std::iota(bt.begin(), bt.end(), 0);
   std::shuffle(bt.begin(), bt.end(), std::mt19937(15));
+  if (c.poison)
+    for (int j = 0; j < nblk * c.block_size; ++j)
+      if (j >= L || (c.window > 0 && j <= c.start - c.window)) {
+        const size_t row = size_t(bt[size_t(j / c.block_size)]) * c.block_size + j % c.block_size;
+        std::fill_n(k.begin() + long(row * Hkv * D), Hkv * D, uint16_t(0x7fc0));
+        std::fill_n(v.begin() + long(row * Hkv * D), Hkv * D, uint16_t(0x7fc0));
+      }
   AttnPrefillParams p;
   p.q = q.data(); p.q_stride = qs; p.k_cache = k.data(); p.v_cache = v.data(); p.block_table = bt.data();
   p.sinks = sinks.data(); p.T = c.T; p.start = c.start; p.Hq = Hq; p.Hkv = Hkv; p.block_size = c.block_size;
@@ -86,7 +95,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttnPrefill,
                          ::testing::Values(Case{1, 0, 0, 16, -1, 1}, Case{7, 0, 128, 16, -1, 1},
                                            Case{65, 0, 0, 16, -1, 1}, Case{333, 0, 128, 32, -1, 1},
                                            Case{333, 0, 0, 32, -1, 1}, Case{100, 250, 128, 16, -1, 1},
-                                           Case{100, 250, 0, 16, 0, 3}, Case{200, 0, 0, 16, 4, 6}));
+                                           Case{100, 250, 0, 16, 0, 3}, Case{200, 0, 0, 16, 4, 6},
+                                           Case{100, 250, 128, 16, -1, 1, true}, Case{333, 517, 128, 32, -1, 1, true},
+                                           Case{45, 90, 0, 16, -1, 1, true}));
 
 // A large sink absorbs almost all the weight: outputs shrink vs a very negative sink.
 TEST(AttnPrefillSink, LargeSinkShrinksOutput) {
