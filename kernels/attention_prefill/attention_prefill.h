@@ -1,6 +1,7 @@
 // Causal flash-attention prefill for gpt-oss: head_dim 64, GQA (Hq / Hkv heads), per-head sink
-// logits in the softmax denominator, optional sliding window. bf16 tensor cores (WMMA 16x16x16)
-// for Q K^T and P V, fp32 online softmax.
+// logits in the softmax denominator, optional sliding window. bf16 tensor cores (mma.sync m16n8k16)
+// for Q K^T and P V, fp32 online softmax in registers; Hq / Hkv <= 8. Keys that no query of a tile
+// may see are never loaded, so their blocks may hold anything (given-back sliding blocks).
 //
 // KV cache layout (shared with the decode path, which owns the KV write):
 //   k_cache, v_cache: bf16 [num_blocks, block_size, Hkv, 64]  (row = block * block_size + offset)
