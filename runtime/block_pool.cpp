@@ -85,7 +85,9 @@ int32_t BlockPool::match_block(uint64_t hash, int32_t parent, std::span<const in
   const Meta& m = meta_[size_t(it->second)];
   const bool same_parent =
       parent < 0 ? m.parent < 0 : (m.parent == parent && m.parent_gen == meta_[size_t(parent)].gen);
-  if (m.sliding != sliding || !same_parent || !std::equal(tokens.begin(), tokens.end(), m.tokens.begin(), m.tokens.end())) return -1;  // collision
+  if (m.sliding != sliding || !same_parent ||
+      !std::equal(tokens.begin(), tokens.end(), m.tokens.begin(), m.tokens.end()))
+    return -1;  // a collision
   add_ref(it->second);
   return it->second;
 }

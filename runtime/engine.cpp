@@ -156,7 +156,8 @@ int Engine::reuse_cached_prefix(Seq& s) {
     int miss = -1;
     for (int i = first; i < L && miss < 0; ++i) {
       auto blk = toks.subspan(size_t(i) * size_t(block_size_), size_t(block_size_));
-      s.sw_blocks[size_t(i)] = pool_.match_block(sliding_key(s.hashes[size_t(i)]), i ? s.blocks[size_t(i) - 1] : -1, blk, true);
+      const int32_t parent = i ? s.blocks[size_t(i) - 1] : -1;
+      s.sw_blocks[size_t(i)] = pool_.match_block(sliding_key(s.hashes[size_t(i)]), parent, blk, true);
       if (s.sw_blocks[size_t(i)] < 0) miss = i;
     }
     if (miss < 0) break;
@@ -184,7 +185,8 @@ void Engine::cache_full_blocks(Seq& s) {
     uint64_t h = pool_.hash(i ? s.hashes.back() : kRootHash, blk);
     const int32_t parent = i ? s.blocks[i - 1] : -1;
     pool_.register_block(s.blocks[i], h, parent, blk);
-    if (i < s.sw_blocks.size() && s.sw_blocks[i] >= 0) pool_.register_block(s.sw_blocks[i], sliding_key(h), parent, blk, true);
+    if (i < s.sw_blocks.size() && s.sw_blocks[i] >= 0)
+      pool_.register_block(s.sw_blocks[i], sliding_key(h), parent, blk, true);
     s.hashes.push_back(h);
   }
 }
@@ -380,8 +382,9 @@ void Engine::warmup() {
   // One single-token step on a scratch block, so /ready means "a forward step has completed"
   // before any client arrives (and first-request latency does not include lazy start-up work).
   try {
-    int32_t block = pool_.allocate(), sw_block = kv_.sliding_window > 0 ? pool_.allocate() : -1;
-    MX_CHECK(block >= 0 && (kv_.sliding_window == 0 || sw_block >= 0), "the KV cache has too few blocks");
+    const int need = kv_.sliding_window > 0 ? 2 : 1;
+    MX_CHECK(pool_.num_free() >= need, "the KV cache has fewer than {} blocks", need);
+    int32_t block = pool_.allocate(), sw_block = need == 2 ? pool_.allocate() : -1;
     int32_t token = 0;
     SeqStep s;
     s.seq_id = -1;

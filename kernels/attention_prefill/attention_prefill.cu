@@ -72,7 +72,10 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
       const int r = i >> 3, c = (i & 7) * 8, j = k0 + r;
       const bool valid = j >= klo && j <= pmax;
       size_t off = 0;
-      if (valid) off = ((size_t(p.block_table[j / p.block_size]) * p.block_size + j % p.block_size) * p.Hkv + kvh) * D + c;
+      if (valid) {
+        const size_t row = size_t(p.block_table[j / p.block_size]) * p.block_size + j % p.block_size;
+        off = (row * p.Hkv + kvh) * D + c;
+      }
       cp_async16(smem_addr(&ks[buf][r * LDS + c]), p.k_cache + off, valid);
       cp_async16(smem_addr(&vs[buf][r * LDS + c]), p.v_cache + off, valid);
     }

@@ -134,7 +134,8 @@ __device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, 
   unsigned* cnt = layer_counters(p, l);
   AttnDecodeParams a;
   a.q = p.q; a.q_stride = p.Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
-  a.pos = p.pos; a.bt_off = L.window ? p.bt_off_sw : p.bt_off; a.block_tables = p.block_tables; a.sinks = L.sinks; a.out = p.attn;
+  a.pos = p.pos; a.bt_off = L.window ? p.bt_off_sw : p.bt_off; a.block_tables = p.block_tables;
+  a.sinks = L.sinks; a.out = p.attn;
   a.partials = p.attn_partials; a.tickets = p.attn_tickets;
   a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
   a.kv_stable = p.kv_stable;  // no L2 prefetch of o-proj: its items issue their own loads early

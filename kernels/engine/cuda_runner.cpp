@@ -158,7 +158,9 @@ void CudaRunner::plan_memory() {
   const int len_blocks = (opt_.max_model_len + opt_.block_size - 1) / opt_.block_size;
   // The sliding pages one sequence holds at most: its window before the step plus the step's tokens.
   const int window_blocks =
-      sliding_window_ > 0 ? std::min(len_blocks, (sliding_window_ - 1 + T_ + opt_.block_size - 1) / opt_.block_size + 1) : 0;
+      sliding_window_ > 0
+          ? std::min(len_blocks, (sliding_window_ - 1 + T_ + opt_.block_size - 1) / opt_.block_size + 1)
+          : 0;
   bt_cap_ = int(S) * len_blocks * (sliding_window_ > 0 ? 2 : 1) + T_;
   meta_bytes_ = size_t(meta_tail() + bt_cap_) * 4;
   const size_t per_block = size_t(opt_.block_size) * c.kv_dim() * 2 * 2 * kv_arrays;
@@ -195,7 +197,8 @@ void CudaRunner::plan_memory() {
   final_norm_ = t16(H * 2);
   const size_t kv_layer = size_t(num_blocks_) * opt_.block_size * c.kv_dim();
   std::vector<int> kv_array(size_t(c.num_layers));
-  for (int l = 0, f = 0, sw = 0; l < c.num_layers; ++l) kv_array[size_t(l)] = c.layer_is_sliding[size_t(l)] ? sw++ : f++;
+  for (int l = 0, f = 0, sw = 0; l < c.num_layers; ++l)
+    kv_array[size_t(l)] = c.layer_is_sliding[size_t(l)] ? sw++ : f++;
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     DevLayer& d = layers_[l];
@@ -415,7 +418,8 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
       h.tok[M + j] = t;
       h.pos[M + j] = p;
       h.slot[M + j] = q.block_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size;
-      h.slot_sw[M + j] = sw ? q.sliding_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size : h.slot[M + j];
+      h.slot_sw[M + j] =
+          sw ? q.sliding_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size : h.slot[M + j];
       h.bt_off[M + j] = nbt;
       h.bt_off_sw[M + j] = bt_sw;
     }

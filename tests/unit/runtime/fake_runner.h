@@ -32,7 +32,8 @@ class FakeRunner : public ModelRunner {
       total += int(s.tokens.size());
       int need = (s.start_pos + int(s.tokens.size()) + shape_.block_size - 1) / shape_.block_size;
       EXPECT_GE(int(s.block_table.size()), need);
-      for (int b = 0; b < need; ++b) EXPECT_TRUE(s.block_table[size_t(b)] >= 0 && s.block_table[size_t(b)] < shape_.num_blocks);
+      for (int b = 0; b < need; ++b)
+        EXPECT_TRUE(s.block_table[size_t(b)] >= 0 && s.block_table[size_t(b)] < shape_.num_blocks);
       uint64_t d = s.start_pos == 0 ? 0 : kv_[slot(s.block_table, s.start_pos - 1)];
       if (shape_.sliding_window > 0) {
         EXPECT_GE(int(s.sliding_table.size()), need);
