@@ -14,6 +14,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/common/async_copy.cuh"
+#include "kernels/common/device_math.cuh"
+#include "kernels/decode/mma_tile.cuh"
+
 namespace mx::cuda {
 namespace {
 
@@ -21,36 +25,7 @@ constexpr int D = 64, BQ = 16, BK = 64, LDS = D + 8;  // smem row stride 144 B: 
 constexpr int kMaxG = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Round to nearest even (finite inputs), low half = lo.
-__device__ __forceinline__ uint32_t bf16_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-__device__ __forceinline__ float bf16_round(float f) { return __uint_as_float(bf16_bits(f) << 16); }
-__device__ __forceinline__ float bf16_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+__device__ __forceinline__ float bf16_round(float f) { return __uint_as_float(mma::f32_to_bf16_bits(f) << 16); }
 
 // Grid: (query tiles, Hkv), heaviest (latest) query tiles first. Block: 32 * G threads.
 __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillParams p) {
@@ -76,8 +51,8 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
         const size_t row = size_t(p.block_table[j / p.block_size]) * p.block_size + j % p.block_size;
         off = (row * p.Hkv + kvh) * D + c;
       }
-      cp_async16(smem_addr(&ks[buf][r * LDS + c]), p.k_cache + off, valid);
-      cp_async16(smem_addr(&vs[buf][r * LDS + c]), p.v_cache + off, valid);
+      cp_async16(&ks[buf][r * LDS + c], p.k_cache + off, valid);
+      cp_async16(&vs[buf][r * LDS + c], p.v_cache + off, valid);
     }
     cp_async_commit();
   };
@@ -98,7 +73,7 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
     }
   }
   const float sc = p.scale * kLog2e;
-  const float sink = bf16_float(p.sinks[h]) * kLog2e;
+  const float sink = bf(p.sinks[h]) * kLog2e;
   float m[2] = {sink, sink}, l[2] = {1.f, 1.f};  // rows g and g + 8; the sink's weight is exp2(0)
   float o[8][4];
 #pragma unroll
@@ -127,9 +102,9 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
         const int mi = lane >> 3, r = lane & 7;
         const int key = jp * 16 + r + (mi >> 1) * 8, d = kk * 16 + (mi & 1) * 8;
         uint32_t b[4];
-        ldsm_x4(smem_addr(&ks[buf][key * LDS + d]), b);
-        mma(s[2 * jp], qa[kk], b[0], b[1]);
-        mma(s[2 * jp + 1], qa[kk], b[2], b[3]);
+        ldmatrix_x4(b[0], b[1], b[2], b[3], &ks[buf][key * LDS + d]);
+        mma::mma_16816(s[2 * jp], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[0], b[1]);
+        mma::mma_16816(s[2 * jp + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[2], b[3]);
       }
     // Mask, online softmax (per row: the quad t = 0..3 holds its 64 columns).
     const bool full_tile = k0 + BK - 1 <= pmin && (p.window == 0 || k0 > pmax - p.window);
@@ -161,8 +136,8 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
         e[q] = bf16_round(exp2f(s[j][q] - m[q >> 1]));  // P V uses the rounded weights: so does l
         sum[q >> 1] += e[q];
       }
-      pa[j >> 1][(j & 1) * 2 + 0] = bf16_bits(e[0]) | (bf16_bits(e[1]) << 16);
-      pa[j >> 1][(j & 1) * 2 + 1] = bf16_bits(e[2]) | (bf16_bits(e[3]) << 16);
+      pa[j >> 1][(j & 1) * 2 + 0] = mma::pack_bf16x2(e[0], e[1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = mma::pack_bf16x2(e[2], e[3]);
     }
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
@@ -179,15 +154,14 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       // pa[kk] holds (row g, keys 2t..) (row g+8, keys 2t..) (row g, keys 2t+8..) (row g+8, keys 2t+8..)
-      const uint32_t a[4] = {pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]};
 #pragma unroll
       for (int jp = 0; jp < 4; ++jp) {
         const int mi = lane >> 3, r = lane & 7;
         const int key = kk * 16 + r + (mi & 1) * 8, d = jp * 16 + (mi >> 1) * 8;
         uint32_t b[4];
-        ldsm_x4_t(smem_addr(&vs[buf][key * LDS + d]), b);
-        mma(o[2 * jp], a, b[0], b[1]);
-        mma(o[2 * jp + 1], a, b[2], b[3]);
+        ldmatrix_x4_trans(b[0], b[1], b[2], b[3], &vs[buf][key * LDS + d]);
+        mma::mma_16816(o[2 * jp], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[0], b[1]);
+        mma::mma_16816(o[2 * jp + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[2], b[3]);
       }
     }
     __syncthreads();  // the buffer is refilled by the next iteration's load
@@ -200,8 +174,7 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
     uint16_t* orow = out + size_t(q0 + g + 8 * row) * p.Hq * D;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      *reinterpret_cast<uint32_t*>(orow + 8 * j) =
-          bf16_bits(o[j][2 * row] * inv) | (bf16_bits(o[j][2 * row + 1] * inv) << 16);
+      *reinterpret_cast<uint32_t*>(orow + 8 * j) = mma::pack_bf16x2(o[j][2 * row] * inv, o[j][2 * row + 1] * inv);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 #include <string>
 
+#include "kernels/common/async_copy.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/mma_tile.cuh"
 
@@ -84,19 +85,6 @@ size_t mma_smem_bytes(int K) {
   return size_t(kStages) * 2 * kRowsW * 16 + size_t(kStages) * kTokens * kTokLd * 2 + size_t(kRowsW) * scale_ld(K / 32);
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, const void* p) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
-}
 // Byte t of w (two E2M1 values, low nibble first) -> bf16x2, times 2^(scale - 127). The nibble bits
 // land on the bf16 exponent/mantissa so the value comes out times 2^-126 (mma::fp4_lo, its multiply
 // form: +1.8 % pp2048 on both models over the shifts), and `mult` (2^(scale-1), from
