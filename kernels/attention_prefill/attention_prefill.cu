@@ -25,7 +25,14 @@ constexpr int D = 64, BQ = 16, BK = 64, LDS = D + 8;  // smem row stride 144 B: 
 constexpr int kMaxG = 8;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float bf16_round(float f) { return __uint_as_float(mma::f32_to_bf16_bits(f) << 16); }
+// Round to nearest even without mma::f32_to_bf16_bits's NaN test: every value here is finite, and
+// in the softmax loop that test made the kernel 26 % slower (0.310 vs 0.246 ms, T 2048, H100).
+__device__ __forceinline__ uint32_t bf16_bits(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) { return bf16_bits(lo) | (bf16_bits(hi) << 16); }
+__device__ __forceinline__ float bf16_round(float f) { return __uint_as_float(bf16_bits(f) << 16); }
 
 // Grid: (query tiles, Hkv), heaviest (latest) query tiles first. Block: 32 * G threads.
 __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillParams p) {
@@ -136,8 +143,8 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
         e[q] = bf16_round(exp2f(s[j][q] - m[q >> 1]));  // P V uses the rounded weights: so does l
         sum[q >> 1] += e[q];
       }
-      pa[j >> 1][(j & 1) * 2 + 0] = mma::pack_bf16x2(e[0], e[1]);
-      pa[j >> 1][(j & 1) * 2 + 1] = mma::pack_bf16x2(e[2], e[3]);
+      pa[j >> 1][(j & 1) * 2 + 0] = pack_bf16(e[0], e[1]);
+      pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(e[2], e[3]);
     }
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
@@ -174,7 +181,7 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
     uint16_t* orow = out + size_t(q0 + g + 8 * row) * p.Hq * D;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      *reinterpret_cast<uint32_t*>(orow + 8 * j) = mma::pack_bf16x2(o[j][2 * row] * inv, o[j][2 * row + 1] * inv);
+      *reinterpret_cast<uint32_t*>(orow + 8 * j) = pack_bf16(o[j][2 * row] * inv, o[j][2 * row + 1] * inv);
   }
 }
 
