@@ -41,6 +41,15 @@ struct ModelConfig {
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
   int qkv_dim() const { return q_dim() + 2 * kv_dim(); }
+
+  // The KV array each layer uses: the j-th full-attention layer and the j-th sliding-window layer
+  // share array j, since a KV block is a page of one kind or the other (model_runner.h).
+  std::vector<int> kv_array_of_layers() const {
+    std::vector<int> a(layer_is_sliding.size());
+    int full = 0, sliding = 0;
+    for (size_t l = 0; l < a.size(); ++l) a[l] = layer_is_sliding[l] ? sliding++ : full++;
+    return a;
+  }
 };
 
 // Reads DIR/config.json and (if present) DIR/generation_config.json. Unknown architecture,

@@ -32,10 +32,9 @@ void CpuKvCache::allocate(const ModelConfig& cfg, int bs, int nb) {
   block_size = bs;
   num_blocks = nb;
   size_t n = size_t(bs) * nb * cfg.kv_dim();
-  array_of.resize(size_t(cfg.num_layers));
-  int full = 0, sliding = 0;
-  for (int l = 0; l < cfg.num_layers; ++l) array_of[size_t(l)] = cfg.layer_is_sliding[size_t(l)] ? sliding++ : full++;
-  k.assign(size_t(std::max(full, sliding)), std::vector<float>(n));
+  array_of = cfg.kv_array_of_layers();
+  const int arrays = array_of.empty() ? 0 : *std::max_element(array_of.begin(), array_of.end()) + 1;
+  k.assign(size_t(arrays), std::vector<float>(n));
   v.assign(k.size(), std::vector<float>(n));
 }
 

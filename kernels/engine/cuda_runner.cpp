@@ -151,10 +151,11 @@ void CudaRunner::plan_memory() {
   // or of the sliding ones (model_runner.h), so the j-th full and the j-th sliding layer share array
   // j, and a sequence's sliding pages cover only its window: with gpt-oss's alternating layers the
   // cache holds twice the tokens of one array per layer.
-  int n_full = 0, n_sliding = 0;
-  for (int l = 0; l < c.num_layers; ++l) (c.layer_is_sliding[size_t(l)] ? n_sliding : n_full)++;
-  sliding_window_ = n_sliding > 0 ? c.sliding_window : 0;
-  const int kv_arrays = std::max(n_full, n_sliding);
+  const std::vector<int> kv_array = c.kv_array_of_layers();
+  const int kv_arrays = *std::max_element(kv_array.begin(), kv_array.end()) + 1;
+  const bool any_sliding =
+      std::any_of(c.layer_is_sliding.begin(), c.layer_is_sliding.end(), [](uint8_t v) { return v != 0; });
+  sliding_window_ = any_sliding ? c.sliding_window : 0;
   const int len_blocks = (opt_.max_model_len + opt_.block_size - 1) / opt_.block_size;
   // The sliding pages one sequence holds at most: its window before the step plus the step's tokens.
   const int window_blocks =
@@ -196,9 +197,6 @@ void CudaRunner::plan_memory() {
   lm_head_ = t16(V * H * 2);
   final_norm_ = t16(H * 2);
   const size_t kv_layer = size_t(num_blocks_) * opt_.block_size * c.kv_dim();
-  std::vector<int> kv_array(size_t(c.num_layers));
-  for (int l = 0, f = 0, sw = 0; l < c.num_layers; ++l)
-    kv_array[size_t(l)] = c.layer_is_sliding[size_t(l)] ? sw++ : f++;
   layers_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     DevLayer& d = layers_[l];
