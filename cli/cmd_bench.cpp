@@ -25,6 +25,8 @@ struct BenchOptions {
   int depth = 0, reps = 5;
   int prefill_min_tokens = -1;  // -1: the engine's default
   int decode_step_min_tokens = -1;  // -1: the engine's default
+  int decode_stream = -1;  // -1: the engine's default (on where supported)
+  int stream_variant = 0;  // DecodeStepParams::variant (experiments)
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
@@ -102,9 +104,72 @@ void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
   r.set_decode_skip(0);
 }
 
-// The persistent decode step's per-item timeline of one batch-1 step at the given depth, as CSV:
-// layer, phase (0 qkv, 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait
-// satisfied (0: none) / exit times in ns from the step's first item.
+// The one-token stream kernel's stamps (decode_stream.h: per layer and SM) as CSV, and on stderr the
+// mean span per layer of each stage: from the first SM that reached a stamp to the first that
+// reached the next (the waits between ops make the first SM's times the critical path).
+void write_stream_trace(const std::vector<uint64_t>& t, int sms, FILE* f) {
+  constexpr int W = 8, kStamps = 6, kUnits = 128;
+  static const char* names[kStamps] = {"qkv_ready", "oproj_ready", "mlp_ready", "routed", "fc2_ready", "layer_done"};
+  const size_t layers = (t.size() - size_t(sms) * kUnits * 4) / (size_t(sms) * W);
+  uint64_t t0 = ~0ull;
+  for (uint64_t v : t)
+    if (v) t0 = std::min(t0, v);
+  std::fprintf(f, "layer,sm");
+  for (auto* n : names) std::fprintf(f, ",%s", n);
+  std::fprintf(f, "\n");
+  std::vector<std::vector<uint64_t>> first(layers, std::vector<uint64_t>(kStamps, ~0ull));
+  for (size_t l = 0; l < layers; ++l)
+    for (int sm = 0; sm < sms; ++sm) {
+      const uint64_t* r = t.data() + (l * sms + sm) * W;
+      std::fprintf(f, "%zu,%d", l, sm);
+      for (int i = 0; i < kStamps; ++i) {
+        std::fprintf(f, ",%lld", r[i] ? (long long)(r[i] - t0) : -1LL);
+        if (r[i]) first[l][i] = std::min(first[l][i], r[i]);
+      }
+      std::fprintf(f, "\n");
+    }
+  // Spans: qkv + attention (qkv_ready -> oproj_ready), o-proj, router (mlp_ready -> routed), FC1
+  // (routed -> fc2_ready), FC2 (fc2_ready -> next layer's qkv_ready).
+  static const char* spans[5] = {"qkv+attention", "o-proj", "router+routing", "FC1", "FC2"};
+  double sum[5] = {0, 0, 0, 0, 0};
+  int n = 0;
+  for (size_t l = 0; l + 1 < layers; ++l, ++n) {
+    const auto& a = first[l];
+    const uint64_t next = first[l + 1][0];
+    const uint64_t pts[6] = {a[0], a[1], a[2], a[3], a[4], next};
+    for (int i = 0; i < 5; ++i) sum[i] += double(pts[i + 1]) - double(pts[i]);
+  }
+  std::fprintf(stderr, "stream trace, mean per layer over %d layers (us):", n);
+  for (int i = 0; i < 5; ++i) std::fprintf(stderr, " %s %.2f", spans[i], n ? sum[i] / n / 1e3 : 0.0);
+  std::fprintf(stderr, "\n");
+  // The traced layer's units: per kind, the mean wait from the producer taking the slot to the
+  // consumer finding it full (load latency, or the consumer arriving late), and the consumer's time.
+  const size_t base = layers * sms * W, per_sm = (t.size() - base) / size_t(sms);
+  static const char* kinds[5] = {"qkv", "o-proj", "router", "FC1", "FC2"};
+  double lat[5] = {0, 0, 0, 0, 0}, work[5] = {0, 0, 0, 0, 0};
+  int cnt[5] = {0, 0, 0, 0, 0};
+  std::fprintf(f, "# units: sm,unit,kind,warp,take,ready,done\n");
+  for (int sm = 0; sm < sms; ++sm)
+    for (size_t u = 0; u < per_sm / 4; ++u) {
+      const uint64_t* r = t.data() + base + size_t(sm) * per_sm + u * 4;
+      if (!r[0] || !r[1] || !r[2]) continue;
+      const int kind = int(r[3] & 0xff);
+      if (kind < 0 || kind > 4) continue;
+      std::fprintf(f, "# %d,%zu,%d,%d,%lld,%lld,%lld\n", sm, u, kind, int(r[3] >> 8), (long long)(r[0] - t0),
+                   (long long)(r[1] - t0), (long long)(r[2] - t0));
+      lat[kind] += double(r[1]) - double(r[0]);
+      work[kind] += double(r[2]) - double(r[1]);
+      ++cnt[kind];
+    }
+  std::fprintf(stderr, "stream units of one layer (us): kind n take->ready ready->done\n");
+  for (int i = 0; i < 5; ++i)
+    if (cnt[i]) std::fprintf(stderr, "  %s %d %.2f %.2f\n", kinds[i], cnt[i], lat[i] / cnt[i] / 1e3, work[i] / cnt[i] / 1e3);
+}
+
+// The decode step's timeline of one batch-1 step at the given depth, as CSV: the persistent step's
+// per-item timeline (layer, phase (0 qkv, 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the
+// entry / wait satisfied (0: none) / exit times in ns from the step's first item), or the one-token
+// stream kernel's stamps (write_stream_trace).
 void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const std::string& path) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
@@ -112,13 +177,20 @@ void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const st
   r.set_step_trace(true);
   for (int i = 0; i < 3; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
   const std::vector<uint64_t> t = r.last_step_trace();
+  int sms = 0;
+  const int kind = r.last_step_trace_kind(&sms);
   r.set_step_trace(false);
-  if (t.empty()) fail("--step-trace traces a 1-token step: add --decode-step-min-tokens 1");
+  if (t.empty()) fail("--step-trace traces a 1-token step: add --decode-step-min-tokens 1 (or keep the stream kernel on)");
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) fail("--step-trace: cannot write {}", path);
+  if (kind == 1) {
+    write_stream_trace(t, sms, f);
+    std::fclose(f);
+    return;
+  }
   uint64_t t0 = ~0ull;
   for (size_t i = 0; i < t.size(); i += 4)
     if (t[i]) t0 = std::min(t0, t[i]);
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) fail("--step-trace: cannot write {}", path);
   std::fprintf(f, "layer,phase,sm,start,waited,end\n");
   for (size_t i = 0; i < t.size(); i += 4) {
     if (!t[i]) continue;  // not run (no such item in this step)
@@ -146,6 +218,8 @@ void run_bench(const BenchOptions& o) {
   eo.max_tokens_per_step = std::max({max_b, 2048});
   if (o.prefill_min_tokens >= 0) eo.prefill_min_tokens = o.prefill_min_tokens;
   if (o.decode_step_min_tokens >= 0) eo.decode_step_min_tokens = o.decode_step_min_tokens;
+  if (o.decode_stream >= 0) eo.decode_stream = o.decode_stream != 0;
+  eo.stream_variant = o.stream_variant;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -282,14 +356,19 @@ void add_bench_command(CLI::App& app) {
                   "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");
   cmd->add_option("--step-trace", o->step_trace,
-                  "write the persistent decode step's per-item timeline of a 1-token step (CSV) here; needs "
-                  "--decode-step-min-tokens 1");
+                  "write the timeline of a 1-token decode step (CSV) here: the stream kernel's stamps, or with "
+                  "--decode-stream 0 --decode-step-min-tokens 1 the persistent step's items");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
   cmd->add_option("--decode-step-min-tokens", o->decode_step_min_tokens,
                   "decode steps with at least this many tokens run as one persistent kernel, smaller ones as six "
                   "launches per layer (1: always persistent, 9: never; --breakdown always launches per op)")
       ->check(CLI::Range(1, 9));
+  cmd->add_option("--decode-stream", o->decode_stream,
+                  "1-token decode steps run the warp-specialized stream kernel (1, where the GPU supports it) or "
+                  "the path --decode-step-min-tokens picks (0, the default)")
+      ->check(CLI::Range(0, 1));
+  cmd->add_option("--stream-variant", o->stream_variant, "experiments: bit 0 = shift-form E2M1 placement in the stream kernel");
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

@@ -1,5 +1,6 @@
 // Body of the decode attention (see attention_decode.h) as a device function, shared by its own grid
-// (attention_decode.cu) and by the persistent decode step (kernels/decode/decode_step.cu).
+// (attention_decode.cu), the persistent decode step (kernels/decode/decode_step.cu) and the one-token
+// stream kernel (kernels/decode/decode_stream.cu).
 #pragma once
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/common/device_math.cuh"
@@ -15,13 +16,22 @@ __device__ __forceinline__ uint16_t attn_to_bf(float f) {
   return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+// The threads that run one attention item: a whole CTA of kAttnWarps warps (the per-op grid and the
+// persistent step), or the first kAttnWarps warps of a larger CTA with a named barrier of their own
+// (the one-token stream kernel, decode_stream.cu). The item's warps are tid() / 32 = 0 .. kAttnWarps - 1.
+struct CtaTeam {
+  __device__ __forceinline__ int tid() const { return threadIdx.x; }
+  __device__ __forceinline__ int size() const { return blockDim.x; }
+  __device__ __forceinline__ void sync() const { __syncthreads(); }
+};
+
 // Scores are kept in log2 units: q is pre-scaled by log2(e) / sqrt(D).
 // CTA (kvh, qi, split) of `ncta` (linear index `cta`, for the L2 prefetch slice). Returns true when
 // this call wrote the final output of (token qi, KV head kvh): the only split, or the last one that
-// merged the others. Contains __syncthreads (CTA-uniform returns only).
-template <int D, class Wait>
+// merged the others. Contains team barriers (team-uniform returns only).
+template <int D, class Wait, class Team = CtaTeam>
 __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, int qi, int split, int cta, int ncta,
-                                            Wait wait) {
+                                            Wait wait, Team team = {}) {
   constexpr int G = kAttnG, S = kAttnS, kWarps = kAttnWarps;
   __shared__ float qs[G][D];
   __shared__ float wm[kWarps][G], wl[kWarps][G], wo[kWarps][G][D];
@@ -29,7 +39,7 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   l2_prefetch_slice(p.l2_prefetch, p.l2_prefetch_bytes, cta, ncta);
   // Rows, positions and block tables come from the step's metadata copy, not from the kernel before.
   const int n = p.rows ? p.rows[qi] : qi;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int warp = team.tid() >> 5, lane = team.tid() & 31;
   const int pos = p.pos[n], lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
   const int per = max(kWarps * 32, ((nk + S - 1) / S + 31) & ~31);
   const int nsplit = min(S, (nk + per - 1) / per);
@@ -77,9 +87,9 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
       if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane);
   }
   const float qscale = kLog2e * rsqrtf(float(D));
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x)
+  for (int i = team.tid(); i < G * D; i += team.size())
     qs[i / D][i % D] = p.q[size_t(n) * p.q_stride + size_t(kvh * G) * D + i] * qscale;
-  __syncthreads();
+  team.sync();
 
   float m[G], l[G], o[G][2];
   for (int h = 0; h < G; ++h) { m[h] = -INFINITY; l[h] = 0.f; o[h][0] = o[h][1] = 0.f; }
@@ -125,10 +135,10 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     for (int h = 0; h < G; ++h) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
   if (2 * lane < D)
     for (int h = 0; h < G; ++h) { wo[warp][h][2 * lane] = o[h][0]; wo[warp][h][2 * lane + 1] = o[h][1]; }
-  __syncthreads();
+  team.sync();
 
   if (nsplit == 1) {  // the whole context in this CTA: normalize with the sink and write out
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    for (int i = team.tid(); i < G * D; i += team.size()) {
       const int h = i / D, d = i % D;
       const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
       float mx = sink;
@@ -146,7 +156,7 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   // This split's partial: (max, sum, unnormalized output) per head.
   float* part = p.partials + (size_t(qi) * p.Hkv + kvh) * S * (2 * G + G * D);
   float* mine = part + size_t(split) * (2 * G + G * D);
-  for (int i = threadIdx.x; begin < end && i < G * D; i += blockDim.x) {
+  for (int i = team.tid(); begin < end && i < G * D; i += team.size()) {
     const int h = i / D, d = i % D;
     float mx = -INFINITY;
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
@@ -161,22 +171,22 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     if (d == 0) { mine[h] = mx; mine[G + h] = sum; }
   }
   __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&p.tickets[qi * p.Hkv + kvh], 1) == S - 1;
-  __syncthreads();
+  team.sync();
+  if (team.tid() == 0) last = atomicAdd(&p.tickets[qi * p.Hkv + kvh], 1) == S - 1;
+  team.sync();
   if (!last) return false;
   __threadfence();
   // Merge the active splits: (max, sum) of all splits into shared memory first, so the output loop
   // issues its S loads together instead of one dependent L2 round trip each.
   __shared__ float fm[S][G], fl[S][G], den[G];
   const int stride = 2 * G + G * D;
-  for (int i = threadIdx.x; i < nsplit * G; i += blockDim.x) {
+  for (int i = team.tid(); i < nsplit * G; i += team.size()) {
     fm[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + i % G);
     fl[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + G + i % G);
   }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int h = threadIdx.x;
+  team.sync();
+  if (team.tid() < G) {
+    const int h = team.tid();
     const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
     float mx = sink;
     for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
@@ -188,15 +198,15 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     }
     den[h] = dn;
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+  team.sync();
+  for (int i = team.tid(); i < G * D; i += team.size()) {
     const int h = i / D, d = i % D;
     float acc = 0.f;
 #pragma unroll 4
     for (int sp = 0; sp < nsplit; ++sp) acc += fm[sp][h] * __ldcg(part + size_t(sp) * stride + 2 * G + i);
     p.out[size_t(n) * p.Hq * D + size_t(kvh * G + h) * D + d] = attn_to_bf(acc / den[h]);
   }
-  if (threadIdx.x == 0) p.tickets[qi * p.Hkv + kvh] = 0;  // ready for the next launch / graph replay
+  if (team.tid() == 0) p.tickets[qi * p.Hkv + kvh] = 0;  // ready for the next launch / graph replay
   return true;
 }
 

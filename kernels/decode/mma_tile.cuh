@@ -129,23 +129,33 @@ __device__ __forceinline__ void tile_bf16_run(Bf16PipeT<U>& p, const uint16_t* x
   }
 }
 
-// One 16-byte MXFP4 group of rows A and B (already scaled multipliers ma, mb) against staged x.
+// One 16-byte MXFP4 group of rows A and B (already scaled multipliers ma, mb) against the group's
+// activations x (32 values in the staged order, as four 16-byte words).
 template <bool kMul>
-__device__ __forceinline__ void group_mxfp4(const uint4& wa, const uint4& wb, uint32_t ma, uint32_t mb,
-                                            const uint16_t* xg, float (&c)[4]) {
+__device__ __forceinline__ void group_mxfp4_x(const uint4& wa, const uint4& wb, uint32_t ma, uint32_t mb,
+                                              const uint4 (&x)[4], float (&c)[4]) {
   const uint32_t a[4] = {wa.x, wa.y, wa.z, wa.w}, b[4] = {wb.x, wb.y, wb.z, wb.w};
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     // Word q holds values 8q..8q+7 (byte i: 8q+2i low nibble, 8q+2i+1 high). The nibbles of bytes
     // 0 and 2 (then 1 and 3, after a shift) sit 16 bits apart, so they convert in place: the pairs
     // (v0,v4) (v1,v5) feed the first k-step and (v2,v6) (v3,v7) the second; x is staged to match.
-    const uint4 x = *reinterpret_cast<const uint4*>(xg + 8 * q);
     mma_16816(c, bf16x2_mul(fp4_lo<kMul>(a[q]), ma), bf16x2_mul(fp4_lo<kMul>(b[q]), mb),
-              bf16x2_mul(fp4_hi<kMul>(a[q]), ma), bf16x2_mul(fp4_hi<kMul>(b[q]), mb), x.x, x.y);
+              bf16x2_mul(fp4_hi<kMul>(a[q]), ma), bf16x2_mul(fp4_hi<kMul>(b[q]), mb), x[q].x, x[q].y);
     const uint32_t ta = a[q] >> 8, tb = b[q] >> 8;
     mma_16816(c, bf16x2_mul(fp4_lo<kMul>(ta), ma), bf16x2_mul(fp4_lo<kMul>(tb), mb),
-              bf16x2_mul(fp4_hi<kMul>(ta), ma), bf16x2_mul(fp4_hi<kMul>(tb), mb), x.z, x.w);
+              bf16x2_mul(fp4_hi<kMul>(ta), ma), bf16x2_mul(fp4_hi<kMul>(tb), mb), x[q].z, x[q].w);
   }
+}
+
+// The same with the activations read from the staged row at xg.
+template <bool kMul>
+__device__ __forceinline__ void group_mxfp4(const uint4& wa, const uint4& wb, uint32_t ma, uint32_t mb,
+                                            const uint16_t* xg, float (&c)[4]) {
+  uint4 x[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) x[q] = *reinterpret_cast<const uint4*>(xg + 8 * q);
+  group_mxfp4_x<kMul>(wa, wb, ma, mb, x, c);
 }
 
 // MXFP4 rows: batch = U segments of 128 values (one 16-byte group per lane and row each).

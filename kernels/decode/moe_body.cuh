@@ -35,49 +35,59 @@ struct Routing {
   int count;
 };
 
-// One warp per token: four rounds of a warp argmax over the not-yet-chosen logits. Contains
-// __syncthreads: call from every thread.
+// Top-4 of token n's logits (the sum of `splits` partial rows [splits, M, E]; lowest index on ties, a
+// NaN never wins) and the softmax over the four, by one warp: four rounds of a warp argmax. Every lane
+// gets the result.
+__device__ inline void route_token(const float* logits, int splits, int M, int n, int E, int (&sel)[kTopK],
+                                   float (&wt)[kTopK]) {
+  const int lane = threadIdx.x & 31;
+  float v[4];
+  bool used[4];
+  for (int i = 0; i < 4; ++i) {
+    const int e = lane + 32 * i;
+    float x = -INFINITY;
+    if (e < E) {
+      x = 0.f;
+      for (int k = 0; k < splits; ++k) x += __ldcg(logits + (size_t(k) * M + n) * E + e);
+    }
+    v[i] = x == x ? x : -INFINITY;
+    used[i] = e >= E;
+  }
+  float val[kTopK];
+  for (int j = 0; j < kTopK; ++j) {
+    float bv = -INFINITY;
+    int be = 0x7fffffff;
+    for (int i = 0; i < 4; ++i) {
+      const int e = lane + 32 * i;
+      if (!used[i] && (v[i] > bv || (v[i] == bv && e < be))) { bv = v[i]; be = e; }
+    }
+    for (int o = 16; o; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ov > bv || (ov == bv && oe < be)) { bv = ov; be = oe; }
+    }
+    if ((be & 31) == lane) used[be >> 5] = true;
+    sel[j] = be;
+    val[j] = bv;
+  }
+  float z = 0.f, ex[kTopK];
+  for (int j = 0; j < kTopK; ++j) z += (ex[j] = expf(val[j] - val[0]));
+  for (int j = 0; j < kTopK; ++j) wt[j] = ex[j] / z;
+}
+
+// One warp per token (route_token), then the distinct experts. Contains __syncthreads: call from
+// every thread.
 __device__ inline void route_tokens(const float* logits, int splits, int M, int E, Routing& r) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int n = warp; n < M; n += blockDim.x >> 5) {
-    float v[4];
-    bool used[4];
-    for (int i = 0; i < 4; ++i) {
-      const int e = lane + 32 * i;
-      float x = -INFINITY;
-      if (e < E) {
-        x = 0.f;
-        for (int k = 0; k < splits; ++k) x += logits[(size_t(k) * M + n) * E + e];
-      }
-      v[i] = x == x ? x : -INFINITY;  // a NaN logit never wins
-      used[i] = e >= E;
-    }
-    float val[kTopK];
     int sel[kTopK];
-    for (int j = 0; j < kTopK; ++j) {
-      float bv = -INFINITY;
-      int be = 0x7fffffff;
-      for (int i = 0; i < 4; ++i) {
-        const int e = lane + 32 * i;
-        if (!used[i] && (v[i] > bv || (v[i] == bv && e < be))) { bv = v[i]; be = e; }
-      }
-      for (int o = 16; o; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (ov > bv || (ov == bv && oe < be)) { bv = ov; be = oe; }
-      }
-      if ((be & 31) == lane) used[be >> 5] = true;
-      sel[j] = be;
-      val[j] = bv;
-    }
-    if (lane == 0) {
-      float z = 0.f, ex[kTopK];
-      for (int j = 0; j < kTopK; ++j) z += (ex[j] = expf(val[j] - val[0]));
+    float wt[kTopK];
+    route_token(logits, splits, M, n, E, sel, wt);
+    if (lane == 0)
       for (int j = 0; j < kTopK; ++j) {
         r.idx[n][j] = sel[j];
-        r.w[n][j] = ex[j] / z;
+        r.w[n][j] = wt[j];
       }
-    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {

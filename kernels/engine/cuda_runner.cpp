@@ -16,6 +16,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
+#include "kernels/decode/decode_stream.h"
 #include "kernels/engine/runner_impl.h"
 #include "kernels/moe_prefill/moe_prefill.h"
 #include "kernels/sampling/sample_filtered.h"
@@ -88,6 +89,17 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt) {
   concentration_ = yarn_inv_freq(cfg_, inv.data()).concentration;
   MX_CUDA(cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
   gemm_ = cuda::gemm_context_create();
+  int dev = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  MX_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
+  if (opt.decode_stream) {
+    cuda::DecodeStepParams shape;
+    shape.H = cfg_.hidden_size; shape.I = cfg_.intermediate_size; shape.E = cfg_.num_experts;
+    shape.Hq = cfg_.num_heads; shape.Hkv = cfg_.num_kv_heads; shape.D = cfg_.head_dim;
+    std::string why;
+    stream_ok_ = cuda::decode_stream_supported(shape, &why);
+    if (!stream_ok_) log::info("one-token decode steps run the per-op kernels: the stream kernel {}", why);
+  }
   events_.resize(1024);
   for (auto& e : events_) MX_CUDA(cudaEventCreate(&e));
 }
@@ -536,10 +548,12 @@ void CudaRunner::set_step_trace(bool on) {
   if (on) {
     const size_t n = cuda::decode_step_items(cuda::kDecodeMaxTokens, c.num_layers, c.hidden_size, c.intermediate_size,
                                              c.num_experts, c.num_heads, c.num_kv_heads, c.head_dim);
-    MX_CUDA(cudaMalloc(&step_trace_, n * 4 * 8));
+    step_trace_words_ = std::max(n * 4, cuda::decode_stream_trace_words(c.num_layers, sm_count_));
+    MX_CUDA(cudaMalloc(&step_trace_, step_trace_words_ * 8));
   } else {
     MX_CUDA(cudaFree(step_trace_));
     step_trace_ = nullptr;
+    step_trace_words_ = 0;
   }
   step_trace_items_ = 0;
   for (auto& g : graphs_)  // captured with the old trace pointer
@@ -553,6 +567,11 @@ std::vector<uint64_t> CudaRunner::last_step_trace() const {
   std::vector<uint64_t> v(step_trace_items_ * 4);
   if (!v.empty()) MX_CUDA(cudaMemcpy(v.data(), step_trace_, v.size() * 8, cudaMemcpyDeviceToHost));
   return v;
+}
+
+int CudaRunner::last_step_trace_kind(int* sms) const {
+  if (sms) *sms = sm_count_;
+  return step_trace_kind_;
 }
 
 void CudaRunner::run_decode_graph(int M) {

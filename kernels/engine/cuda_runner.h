@@ -30,6 +30,11 @@ struct CudaEngineOptions {
   // smaller ones as six launches per layer, which are faster there (H100, 120b, tok/s at batch 1 / 4
   // / 6: 287 / 766 / 849 vs 250 / 672 / 768; at 7 / 8: 799 / 786 vs 898 / 882; docs/perf.md). 9: never.
   int decode_step_min_tokens = 7;
+  // One-token decode steps run the warp-specialized stream kernel (decode_stream.h) where the GPU
+  // supports it (sm_90+); false: the path above decides as for any token count. Off by default until
+  // it beats the six launches per layer (docs/perf.md, session 9).
+  bool decode_stream = false;
+  int stream_variant = 0;  // experiments (bench --stream-variant): DecodeStepParams::variant
 };
 
 struct CudaLoadStats {
@@ -66,6 +71,9 @@ class CudaRunnerBase : public ModelRunner {
   // (DecodeStepParams::trace) in the following steps; last_step_trace() copies the last one.
   virtual void set_step_trace(bool on) = 0;
   virtual std::vector<uint64_t> last_step_trace() const = 0;
+  // Layout of that trace: 0 = the persistent step's work items (4 words each), 1 = the one-token
+  // stream kernel's stamps (kStreamTraceWords per layer and SM, decode_stream.h), with the SM count.
+  virtual int last_step_trace_kind(int* sms) const = 0;
   // Bytes of weights read by one decode step for M tokens (dense + expected distinct experts).
   virtual double decode_weight_bytes(int M) const = 0;
 };

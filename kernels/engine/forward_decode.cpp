@@ -5,9 +5,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/error.h"
 #include "kernels/attention_decode/attention_decode.h"
+#include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
+#include "kernels/decode/decode_stream.h"
 #include "kernels/engine/runner_impl.h"
 
 namespace mx {
@@ -18,8 +21,10 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   const int D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
   const StepMeta& m = dmeta_;
   cudaStream_t s = stream_;
-  if (M >= opt_.decode_step_min_tokens && !profiling_ && !skip_)
-    return forward_decode_step(t0, M, s0, S, one_token_per_seq);
+  if (!profiling_ && !skip_) {
+    if (M == 1 && stream_ok_) return forward_decode_step(t0, M, s0, S, true, true);
+    if (M >= opt_.decode_step_min_tokens) return forward_decode_step(t0, M, s0, S, one_token_per_seq, false);
+  }
   const LayerSizes ls(c);
   // Bytes each kernel reads, for the profile (experts: distinct experts expected for M tokens).
   const double touched = expected_distinct_experts(c, M);
@@ -91,7 +96,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   if (S > 0 && !(skip_ & kDecodeHead)) final_logits(xin, y, m.srow_local + s0, s0, S);
 }
 
-void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq) {
+void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq, bool stream) {
   const ModelConfig& c = cfg_;
   const StepMeta& m = dmeta_;
   cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, c.hidden_size, stream_);
@@ -108,9 +113,23 @@ void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_toke
   p.Hq = c.num_heads; p.Hkv = c.num_kv_heads; p.D = c.head_dim; p.block_size = opt_.block_size;
   p.kv_stable = one_token_per_seq;
   p.trace = step_trace_;
-  if (step_trace_)
-    step_trace_items_ = cuda::decode_step_items(M, c.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
-  cuda::decode_step(p, stream_);
+  p.variant = opt_.stream_variant;
+  if (stream) {
+    if (step_trace_) {
+      const size_t words = cuda::decode_stream_trace_words(c.num_layers, sm_count_);
+      if (words > step_trace_words_) fail("step trace buffer too small for the stream kernel");
+      MX_CUDA(cudaMemsetAsync(step_trace_, 0, words * 8, stream_));
+      step_trace_items_ = words / 4;
+      step_trace_kind_ = 1;
+    }
+    cuda::decode_stream(p, stream_);
+  } else {
+    if (step_trace_) {
+      step_trace_items_ = cuda::decode_step_items(M, c.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
+      step_trace_kind_ = 0;
+    }
+    cuda::decode_step(p, stream_);
+  }
   if (S > 0) final_logits(cuda::decode_step_output(xa_, xb_, c.num_layers), ysl_, m.srow_local + s0, s0, S);
 }
 

@@ -67,6 +67,7 @@ class CudaRunner final : public CudaRunnerBase {
   void set_decode_skip(uint32_t mask) override;
   void set_step_trace(bool on) override;
   std::vector<uint64_t> last_step_trace() const override;
+  int last_step_trace_kind(int* sms) const override;
 
  private:
   void plan_memory();
@@ -79,9 +80,10 @@ class CudaRunner final : public CudaRunnerBase {
   // meta srow_local[s0 .. s0 + S) into logits / results slot s0. one_token_per_seq: no two of the
   // M tokens belong to the same sequence.
   void forward_decode(int t0, int M, int s0, int S, bool one_token_per_seq = false);
-  // The same step as one persistent kernel (decode_step.h); forward_decode calls it unless
-  // profiling or leaving kernels out, which need the per-op launches.
-  void forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq);
+  // The same step as one persistent kernel: decode_step.h, or for one token the stream kernel
+  // (decode_stream.h); forward_decode calls it unless profiling or leaving kernels out, which need
+  // the per-op launches.
+  void forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq, bool stream);
   // Prefill forward over all M tokens of the step with the sequences' layout.
   void forward_prefill(int M, int S, const std::vector<std::array<int, 4>>& seqs, int n_decode);
   bool sliding(int layer) const { return sliding_window_ > 0 && cfg_.layer_is_sliding[size_t(layer)]; }
@@ -102,6 +104,7 @@ class CudaRunner final : public CudaRunnerBase {
   int vocab_limit_ = 0;  // ids >= this (beyond the tokenizer) are never sampled
   int T_ = 0, S_ = 0, bt_cap_ = 0, num_blocks_ = 0, last_sampled_ = 0;
   int sliding_window_ = 0;  // kv_shape().sliding_window: 0 when no layer slides
+  int sm_count_ = 0;
   int attn_rows_ = 0;  // rows the decode attention's split-K scratch holds
   uint8_t *weights_ = nullptr, *act_ = nullptr, *kv_ = nullptr;
   uint16_t *embed_ = nullptr, *lm_head_ = nullptr, *final_norm_ = nullptr;
@@ -114,6 +117,9 @@ class CudaRunner final : public CudaRunnerBase {
   cuda::DecodeStepLayer* step_layers_ = nullptr;    // its per-layer pointers (device)
   unsigned long long* step_trace_ = nullptr;        // diagnostics only: allocated by set_step_trace
   size_t step_trace_items_ = 0;
+  size_t step_trace_words_ = 0;                     // its capacity
+  int step_trace_kind_ = 0;                         // last_step_trace_kind()
+  bool stream_ok_ = false;                          // the one-token stream kernel runs on this GPU and shape
   // grouped-MoE routing scratch (prefill)
   int32_t *moe_counts_, *moe_offsets_, *moe_sorted_tok_, *moe_sorted_slot_, *moe_tile_expert_, *moe_tile_row0_,
       *moe_num_tiles_;

@@ -289,10 +289,13 @@ TEST(CudaRunner, MiniPrefillAndDecodeMatchCpuReference) {
   EXPECT_EQ(r.agree, r.total);
 }
 
-// The persistent decode step (one kernel, work items behind ready counters) runs the same kernel
-// bodies as the six launches per layer, so every logit must be equal bit for bit: `nseq` sequences
-// of P prompt tokens, then `steps` decode steps of all of them (M = nseq tokens per step).
-std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, bool persistent, bool graphs) {
+// The decode paths: six launches per layer, the persistent step (one kernel, work items behind ready
+// counters), and for one-token steps the warp-specialized stream kernel.
+enum class DecodePath { kLayered, kPersistent, kStream };
+
+// Logits of `nseq` sequences of P prompt tokens, then `steps` decode steps of all of them (M = nseq
+// tokens per step), on the given decode path.
+std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, DecodePath path, bool graphs) {
   const std::string dir = e2e_fixture(preset);
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + steps, nblk = (N + bs - 1) / bs;
@@ -304,7 +307,8 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   opt.num_kv_blocks = 2 * nblk * nseq + 2;
   opt.block_size = bs;
   opt.keep_logits = true;
-  opt.decode_step_min_tokens = persistent ? 1 : 9;
+  opt.decode_step_min_tokens = path == DecodePath::kPersistent ? 1 : 9;
+  opt.decode_stream = path == DecodePath::kStream;
   auto gpu = mx::make_cuda_runner(opt);
   gpu->set_use_graphs(graphs);
   std::vector<float> all;
@@ -338,9 +342,11 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   return all;
 }
 
+// The persistent step runs the same kernel bodies as the six launches per layer, so every logit must
+// be equal bit for bit.
 void expect_persistent_equals_layered(const char* preset, int nseq, int P, int steps, bool graphs) {
-  const auto want = decode_logits(preset, nseq, P, steps, false, graphs);
-  const auto got = decode_logits(preset, nseq, P, steps, true, graphs);
+  const auto want = decode_logits(preset, nseq, P, steps, DecodePath::kLayered, graphs);
+  const auto got = decode_logits(preset, nseq, P, steps, DecodePath::kPersistent, graphs);
   ASSERT_EQ(got.size(), want.size());
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < got.size(); ++i)
@@ -353,6 +359,46 @@ TEST(CudaRunner, PersistentDecodeEqualsLayeredOneToken) { expect_persistent_equa
 TEST(CudaRunner, PersistentDecodeEqualsLayeredMiniGraphs) { expect_persistent_equals_layered("mini", 8, 5, 5, true); }
 // 150-token prompts: the decode attention of the full layers runs two splits and their merge.
 TEST(CudaRunner, PersistentDecodeEqualsLayeredMiniLong) { expect_persistent_equals_layered("mini", 3, 150, 8, false); }
+
+// The stream kernel sums in other orders (whole rows per warp, its own norm reduction, the router in
+// one piece), so it matches the layered path to bf16 rounding, not bit for bit. Per decode step
+// (the prompt step runs the same kernels on both paths, so its logits must be equal): relative L2 of
+// the logits <= 2e-2 and the same greedy pick, except where the layered path's top two logits are
+// within 2 % of each other (a near tie that rounding may swap).
+void expect_stream_matches_layered(const char* preset, int P, int steps, bool graphs) {
+  const auto want = decode_logits(preset, 1, P, steps, DecodePath::kLayered, graphs);
+  const auto got = decode_logits(preset, 1, P, steps, DecodePath::kStream, graphs);
+  ASSERT_EQ(got.size(), want.size());
+  const size_t V = want.size() / size_t(steps + 1);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), V * 4), 0) << "prompt step differs";
+  for (int st = 1; st <= steps; ++st) {
+    const float* a = got.data() + size_t(st) * V;
+    const float* b = want.data() + size_t(st) * V;
+    double num = 0, den = 0;
+    size_t ia = 0, ib = 0;
+    for (size_t i = 0; i < V; ++i) {
+      ASSERT_TRUE(std::isfinite(a[i])) << "step " << st << " logit " << i;
+      num += double(a[i] - b[i]) * (a[i] - b[i]);
+      den += double(b[i]) * b[i];
+      if (a[i] > a[ia]) ia = i;
+      if (b[i] > b[ib]) ib = i;
+    }
+    float second = -INFINITY;  // the layered path's runner-up logit
+    for (size_t i = 0; i < V; ++i)
+      if (i != ib) second = std::max(second, b[i]);
+    const double rel = std::sqrt(num / den);
+    std::printf("%s stream vs layered, step %d: rel L2 %.3e, pick %zu / %zu\n", preset, st, rel, ia, ib);
+    EXPECT_LE(rel, 2e-2) << preset << " step " << st;
+    if (ia != ib) {
+      EXPECT_LE(b[ib] - second, 2e-2 * std::fabs(b[ib])) << preset << " step " << st << ": pick differs";
+    }
+  }
+}
+
+TEST(CudaRunner, StreamDecodeMatchesLayeredTiny) { expect_stream_matches_layered("tiny", 5, 6, false); }
+TEST(CudaRunner, StreamDecodeMatchesLayeredMiniGraphs) { expect_stream_matches_layered("mini", 5, 6, true); }
+// 150-token prompt: the full layers' attention runs two splits and their merge.
+TEST(CudaRunner, StreamDecodeMatchesLayeredMiniLong) { expect_stream_matches_layered("mini", 150, 8, false); }
 
 }  // namespace
 
