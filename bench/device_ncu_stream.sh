@@ -20,7 +20,7 @@ timeout 300 "$NCU" --clock-control none --kernel-name regex:decode_stream_k --la
   --section WarpStateStats --section SchedulerStats --section SourceCounters --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section SpeedOfLight --section InstructionStats -o "$OUT/stream" -f \
   "$BIN/mxserve" bench --model /tmp/fx20 --gpu-memory-utilization 0.3 --pp 16 --tg 4 --depth 512 --batch 1 \
-  --reps 1 ${BENCH_ARGS:-} > "$OUT/ncu.log" 2>&1
+  --reps 1 --decode-stream 1 ${BENCH_ARGS:-} > "$OUT/ncu.log" 2>&1
 echo "ncu rc=$?"
 tail -3 "$OUT/ncu.log"
 "$NCU" -i "$OUT/stream.ncu-rep" --page details > "$OUT/details.txt" 2>&1

@@ -28,14 +28,17 @@ constexpr int kConsumers = 8;
 __shared__ unsigned long long s_full[32], s_empty[32];
 extern __shared__ __align__(128) uint8_t s_ring[];
 
-// mode 0: bulk (pieces copies per slot), 1: per-lane cp.async
+// mode 0: bulk (pieces copies per slot), 1: per-lane cp.async, 2: per-lane cp.async with an L2
+// evict-first policy. busy: consumer warps spend about that many integer ops on each slot (as the
+// MXFP4 math does) before freeing it.
 __global__ void __launch_bounds__((kConsumers + 1) * 32, 1) ring_k(const uint8_t* src, size_t per_sm, int bytes,
-                                                                   int slots, int mode, int pieces, unsigned* sink) {
+                                                                   int slots, int mode, int pieces, int busy,
+                                                                   unsigned* sink) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
     for (int i = 0; i < slots; ++i) {
-      mbar_init(smem_u32(&s_full[i]), mode == 1 ? 32 : 1);
+      mbar_init(smem_u32(&s_full[i]), mode >= 1 ? 32 : 1);
       mbar_init(smem_u32(&s_empty[i]), 1);
     }
     mbar_init_fence();
@@ -48,11 +51,14 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32, 1) ring_k(const uint8_t
     const uint64_t pol = l2_evict_first();
     for (int k = 0; k < n; ++k) {
       const int s = k % slots, r = k / slots;
-      if (mode == 1) {
+      if (mode >= 1) {
         if (r) mbar_wait(smem_u32(&s_empty[s]), (r - 1) & 1);
         const uint32_t dst = ring + s * bytes;
-        for (int o = lane * 16; o < bytes; o += 512)
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + o), "l"(base + size_t(k) * bytes + o));
+        if (mode == 2)
+          for (int o = lane * 16; o < bytes; o += 512) cp_async16(dst + o, base + size_t(k) * bytes + o, pol);
+        else
+          for (int o = lane * 16; o < bytes; o += 512)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + o), "l"(base + size_t(k) * bytes + o));
         asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(&s_full[s])));
       } else if (lane == 0) {
         if (r) mbar_wait(smem_u32(&s_empty[s]), (r - 1) & 1);
@@ -69,6 +75,7 @@ __global__ void __launch_bounds__((kConsumers + 1) * 32, 1) ring_k(const uint8_t
       const int s = k % slots, r = k / slots;
       mbar_wait(smem_u32(&s_full[s]), r & 1);
       acc += lds_u8(ring + s * bytes + lane * 4);
+      for (int i = 0; i < busy; ++i) acc = (acc * 0x1040u) & 0x81C081C0u ^ uint32_t(i);
       __syncwarp();
       if (lane == 0) mbar_arrive(smem_u32(&s_empty[s]));
     }
@@ -135,16 +142,21 @@ int main() {
               time([&] { ldg_k<<<sms, 256>>>(reinterpret_cast<const uint4*>(buf), per_sm / 16, sink); }));
   const int sizes[] = {2048, 4096, 8192, 12288, 16384};
   const int slot_counts[] = {8, 16, 24};  // multiples of the consumer warps: a slot has one consumer
-  for (int mode = 0; mode < 3; ++mode)
+  const char* names[] = {"bulk  ", "bulk1K", "lanes ", "lanesP"};
+  for (int mode = 0; mode < 4; ++mode)
     for (int bytes : sizes)
       for (int slots : slot_counts) {
         if (size_t(bytes) * slots > size_t(optin) - 2048 || slots > 32) continue;
-        const int m = mode == 2 ? 1 : 0, pieces = mode == 1 ? bytes / 1024 : 1;
-        const double g = time([&] {
-          ring_k<<<sms, (kConsumers + 1) * 32, size_t(bytes) * slots>>>(buf, per_sm, bytes, slots, m, pieces, sink);
-        });
-        std::printf("%s bytes %5d slots %2d: %6.0f GB/s\n", mode == 0 ? "bulk  " : mode == 1 ? "bulk1K" : "lanes ",
-                    bytes, slots, g);
+        if (mode == 1 && bytes != 12288) continue;
+        const int m = mode >= 2 ? mode - 1 : 0, pieces = mode == 1 ? bytes / 1024 : 1;
+        for (int busy : {0, 2000}) {
+          if (busy && bytes != 12288) continue;
+          const double g = time([&] {
+            ring_k<<<sms, (kConsumers + 1) * 32, size_t(bytes) * slots>>>(buf, per_sm, bytes, slots, m, pieces, busy,
+                                                                         sink);
+          });
+          std::printf("%s bytes %5d slots %2d busy %4d: %6.0f GB/s\n", names[mode], bytes, slots, busy, g);
+        }
       }
   return 0;
 }

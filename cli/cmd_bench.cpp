@@ -108,8 +108,9 @@ void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
 // mean span per layer of each stage: from the first SM that reached a stamp to the first that
 // reached the next (the waits between ops make the first SM's times the critical path).
 void write_stream_trace(const std::vector<uint64_t>& t, int sms, FILE* f) {
-  constexpr int W = 8, kStamps = 6, kUnits = 128;
-  static const char* names[kStamps] = {"qkv_ready", "oproj_ready", "mlp_ready", "routed", "fc2_ready", "layer_done"};
+  constexpr int W = 10, kStamps = 9, kUnits = 128;
+  static const char* names[kStamps] = {"qkv_ready", "oproj_ready", "mlp_ready", "routed",     "fc2_ready",
+                                       "layer_done", "attn_start", "attn_done", "attn_waited"};
   const size_t layers = (t.size() - size_t(sms) * kUnits * 4) / (size_t(sms) * W);
   uint64_t t0 = ~0ull;
   for (uint64_t v : t)
@@ -295,7 +296,8 @@ void run_bench(const BenchOptions& o) {
             steps[b].sampling.temperature = 0;
           }
           r->step(steps, out);
-          for (int b = 0; b < B; ++b) tk[b] = out[b].token;
+          // Fed back as the next input; the timing-only stream variants compute garbage (--stream-variant).
+          for (int b = 0; b < B; ++b) tk[b] = out[b].token >= 0 && out[b].token < V ? out[b].token : 1;
         }
       };
       run_tg();  // warm-up

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/attention_decode/attention_decode_body.cuh"
+#include "kernels/common/bulk_ring.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/gemv_body.cuh"
 #include "kernels/decode/moe_body.cuh"
@@ -27,18 +28,16 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 __shared__ unsigned long long s_waited;  // trace: when the current item's wait was satisfied
 
-// Waits until *c >= target (c null: no wait): thread 0 polls with acquire loads, the barrier passes
-// the ordering on to the CTA's other threads.
+// Waits until *c >= target (c null: no wait): thread 0 polls (relaxed loads, then one acquire
+// fence: an acquire load per poll would invalidate the SM's L1 each time), the barrier passes the
+// ordering on to the CTA's other threads.
 struct FlagWait {
   const unsigned* c;
   unsigned target;
   __device__ __forceinline__ void operator()() const {
     if (!c) return;
     if (threadIdx.x == 0) {
-      unsigned v;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
-      } while (v < target);
+      ring::spin_until(c, target);
       s_waited = global_ns();
     }
     __syncthreads();

@@ -19,7 +19,7 @@ using namespace ring;
 // the producer (the last warp). Nine warps leave 168 registers per thread (a warp count over twelve
 // would cap them at 128 and spill the attention item); sixteen 12 KB slots fill shared memory.
 constexpr int kCw = 8, kCt = kCw * 32, kThreads = kCt + 32;
-constexpr int kMaxSlots = 2 * kCw;
+constexpr int kSlots = 2 * kCw;  // a compile-time count: slot and round of unit k are a mask and a shift
 constexpr int kBarConsumers = 1, kBarAttn = 2;  // named barriers (0 is __syncthreads)
 constexpr int kXGroupBytes = kGroupStride * 2;  // a staged MXFP4-order activation group (32 values, padded)
 static_assert(body::kAttnWarps <= kCw, "the attention item runs on the first consumer warps");
@@ -33,7 +33,6 @@ constexpr int kLayerWords = 64, kCQkv = 0 /* + KV head */, kCAttn = 16, kCOproj 
 // two, which no unit reads once FC1 is done); then the slots.
 struct Geom {
   uint32_t perm, act, act_bytes, ring, slot_bytes;
-  int nslots;
 };
 
 struct Route {
@@ -41,9 +40,10 @@ struct Route {
   float w[kTopK];
 };
 
-__shared__ unsigned long long g_full[kMaxSlots], g_empty[kMaxSlots];
+__shared__ unsigned long long g_full[kSlots], g_empty[kSlots];
 __shared__ float g_red[kCw];
 __shared__ Route g_route[2];  // by layer parity: the producer routes layer l + 1 while consumers finish l
+__shared__ float2 g_rope[32];  // (cos, sin) x concentration of the step's position, per rotary dim (D/2 <= 32)
 extern __shared__ __align__(128) uint8_t g_dyn[];
 
 struct Shape {
@@ -69,14 +69,6 @@ __device__ __forceinline__ Range share(int units, int sm, int nsm) {
   return {int(int64_t(units) * sm / nsm), int(int64_t(units) * (sm + 1) / nsm)};
 }
 
-// qkv unit u -> its head (q heads, then k heads, then v heads of the weight matrix) and dim d < D/2.
-__device__ __forceinline__ void qkv_head(const Shape& s, int u, int& kvh, int& h, int& d) {
-  const int half = s.D / 2, r = u % s.qkv_per_kv(), hh = r / half;
-  kvh = u / s.qkv_per_kv();
-  d = r % half;
-  h = hh < body::kAttnG ? kvh * body::kAttnG + hh : (hh == body::kAttnG ? s.Hq + kvh : s.Hq + s.Hkv + kvh);
-}
-
 // Unit trace (decode_stream.h): word `what` of unit `ku` (its index in the traced layer) of this SM.
 __device__ __forceinline__ void unit_stamp(const DecodeStepParams& p, int l, int ku, int what, uint64_t v) {
   if (!p.trace || l != min(kStreamTraceLayer, p.num_layers - 1) || ku < 0 || ku >= kStreamTraceUnits) return;
@@ -88,19 +80,32 @@ __device__ __forceinline__ void stamp(const DecodeStepParams& p, int l, int what
     p.trace[(size_t(l) * gridDim.x + blockIdx.x) * kStreamTraceWords + what] = global_ns();
 }
 
-// Unit k of the CTA's sequence sits in slot k % n; warp k % kCw computes it (n is a multiple of kCw,
-// so each slot has one consumer warp, which takes its rounds in order: a parity wait cannot alias).
+// Unit k of the CTA's sequence sits in slot k % kSlots; warp k % kCw computes it (kSlots is a
+// multiple of kCw, so each slot has one consumer warp, which takes its rounds in order: a parity wait
+// cannot alias).
 struct Slots {
   uint32_t base, full, empty, bytes;
-  int n;
-  __device__ uint32_t at(uint32_t k) const { return base + (k % n) * bytes; }
-  __device__ uint32_t full_bar(uint32_t k) const { return full + 8 * (k % n); }
-  __device__ uint32_t empty_bar(uint32_t k) const { return empty + 8 * (k % n); }
-  __device__ uint32_t round(uint32_t k) const { return k / n; }
+  __device__ uint32_t at(uint32_t k) const { return base + (k % kSlots) * bytes; }
+  __device__ uint32_t full_bar(uint32_t k) const { return full + 8 * (k % kSlots); }
+  __device__ uint32_t empty_bar(uint32_t k) const { return empty + 8 * (k % kSlots); }
+  __device__ uint32_t round(uint32_t k) const { return k / kSlots; }
 };
 __device__ __forceinline__ Slots slots(const Geom& g) {
-  return {smem_u32(g_dyn) + g.ring, smem_u32(g_full), smem_u32(g_empty), g.slot_bytes, g.nslots};
+  return {smem_u32(g_dyn) + g.ring, smem_u32(g_full), smem_u32(g_empty), g.slot_bytes};
 }
+
+// Walks units u = lo, lo + 1, ... of an op made of `per`-unit segments (expert slots): seg = u / per,
+// c = u % per, without a division per unit.
+struct SegWalk {
+  int seg, c, per;
+  __device__ SegWalk(int lo, int per_) : seg(lo / per_), c(lo % per_), per(per_) {}
+  __device__ void next() {
+    if (++c == per) {
+      c = 0;
+      ++seg;
+    }
+  }
+};
 
 // ---------------------------------------------------------------------------------------------
 // The producer warp: every lane copies 16-byte pieces of each unit's rows, in the consumers' order.
@@ -109,6 +114,11 @@ struct Fill {
   const Slots& sl;
   uint64_t pol;
   int lane;
+  bool skip;  // timing experiment (variant bit 2): arrive without copying
+  // The aligned 16 bytes of a bf16 vector that hold element `row` (a unit's bias rides in its slot).
+  __device__ void bias(uint32_t dst, const uint16_t* v, size_t row, int by_lane) const {
+    if (lane == by_lane && !skip) cp_async16(dst, v + (row & ~size_t(7)), pol);
+  }
   // Waits for slot k to be free; returns its address.
   __device__ uint32_t take(uint32_t k) const {
     const uint32_t r = sl.round(k);
@@ -116,17 +126,20 @@ struct Fill {
     return sl.at(k);
   }
   __device__ void copy(uint32_t dst, const void* src, uint32_t bytes) const {
+    if (skip) return;
     const uint8_t* s = static_cast<const uint8_t*>(src);
+#pragma unroll 4
     for (uint32_t o = 16 * lane; o < bytes; o += 512) cp_async16(dst + o, s + o, pol);
   }
   __device__ void done(uint32_t k) const { cp_async_arrive(sl.full_bar(k)); }
 };
 
-__device__ __noinline__ void producer(const DecodeStepParams& p, const Geom& g) {
+// A slot holds the unit's rows, then (MXFP4) their scales, then the bias chunks (16 bytes each).
+__device__ __forceinline__ void producer(const DecodeStepParams& p, const Geom& g) {
   const int lane = threadIdx.x & 31, sm = blockIdx.x, nsm = gridDim.x;
   const Shape s(p);
   const Slots sl = slots(g);
-  const Fill f{sl, l2_evict_first(), lane};
+  const Fill f{sl, l2_evict_first(), lane, (p.variant & 4) != 0};
   uint32_t k = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     const DecodeStepLayer& L = p.layers[l];
@@ -137,14 +150,17 @@ __device__ __noinline__ void producer(const DecodeStepParams& p, const Geom& g) 
     };
     const uint16_t* qkv_w = L.qkv_w;
     Range r = share(s.qkv(), sm, nsm);
-    for (int u = r.lo; u < r.hi; ++u, ++k) {
-      int kvh, h, d;
-      qkv_head(s, u, kvh, h, d);
-      const uint16_t* a = qkv_w + size_t(h * s.D + d) * s.H;
+    for (SegWalk it(r.lo, s.D / 2); r.lo < r.hi; ++r.lo, ++k, it.next()) {
+      const int kvh = it.seg / (body::kAttnG + 2), hh = it.seg % (body::kAttnG + 2), d = it.c;
+      const int h = hh < body::kAttnG ? kvh * body::kAttnG + hh : (hh == body::kAttnG ? s.Hq + kvh : s.Hq + s.Hkv + kvh);
+      const size_t row = size_t(h * s.D + d);
+      const uint16_t* a = qkv_w + row * s.H;
       const uint32_t dst = f.take(k);
       stamp_take();
       f.copy(dst, a, 2 * s.H);
       f.copy(dst + 2 * s.H, a + size_t(s.D / 2) * s.H, 2 * s.H);
+      f.bias(dst + 4 * s.H, L.qkv_b, row, 0);
+      f.bias(dst + 4 * s.H + 16, L.qkv_b, row + s.D / 2, 1);
       f.done(k);
     }
     const uint16_t* o_w = L.o_w;
@@ -153,6 +169,7 @@ __device__ __noinline__ void producer(const DecodeStepParams& p, const Geom& g) 
       const uint32_t dst = f.take(k);
       stamp_take();
       f.copy(dst, o_w + size_t(u) * s.Kq, 2 * s.Kq);
+      f.bias(dst + 2 * s.Kq, L.o_b, u, 0);
       f.done(k);
     }
     const uint16_t* router_w = L.router_w;
@@ -161,6 +178,7 @@ __device__ __noinline__ void producer(const DecodeStepParams& p, const Geom& g) 
       const uint32_t dst = f.take(k);
       stamp_take();
       f.copy(dst, router_w + size_t(2 * u) * s.H, 4 * s.H);
+      f.bias(dst + 4 * s.H, L.router_b, 2 * u, 0);
       f.done(k);
     }
 
@@ -181,26 +199,27 @@ __device__ __noinline__ void producer(const DecodeStepParams& p, const Geom& g) 
 
     const uint8_t *up_b = L.up_blocks, *up_s = L.up_scales;
     r = share(kTopK * s.fc1_per(), sm, nsm);
-    for (int u = r.lo; u < r.hi; ++u, ++k) {
-      const int j = u / s.fc1_per();
-      const size_t row0 = size_t(j == 0 ? sel[0] : j == 1 ? sel[1] : j == 2 ? sel[2] : sel[3]) * 2 * s.I +
-                          8 * (u % s.fc1_per());
+    for (SegWalk it(r.lo, s.fc1_per()); r.lo < r.hi; ++r.lo, ++k, it.next()) {
+      const int j = it.seg;
+      const size_t row0 =
+          size_t(j == 0 ? sel[0] : j == 1 ? sel[1] : j == 2 ? sel[2] : sel[3]) * 2 * s.I + 8 * it.c;
       const uint32_t dst = f.take(k);
       stamp_take();
       f.copy(dst, up_b + row0 * (s.H / 2), 4 * s.H);
       f.copy(dst + 4 * s.H, up_s + row0 * (s.H / 32), s.H / 4);
+      f.bias(dst + 4 * s.H + s.H / 4, L.up_bias, row0, 0);  // rows row0 .. row0 + 7: one chunk
       f.done(k);
     }
     const uint8_t *down_b = L.down_blocks, *down_s = L.down_scales;
     r = share(kTopK * s.fc2_per(), sm, nsm);
-    for (int u = r.lo; u < r.hi; ++u, ++k) {
-      const int j = u / s.fc2_per();
-      const size_t row0 =
-          size_t(j == 0 ? sel[0] : j == 1 ? sel[1] : j == 2 ? sel[2] : sel[3]) * s.H + 8 * (u % s.fc2_per());
+    for (SegWalk it(r.lo, s.fc2_per()); r.lo < r.hi; ++r.lo, ++k, it.next()) {
+      const int j = it.seg;
+      const size_t row0 = size_t(j == 0 ? sel[0] : j == 1 ? sel[1] : j == 2 ? sel[2] : sel[3]) * s.H + 8 * it.c;
       const uint32_t dst = f.take(k);
       stamp_take();
       f.copy(dst, down_b + row0 * (s.I / 2), 4 * s.I);
       f.copy(dst + 4 * s.I, down_s + row0 * (s.I / 32), s.I / 4);
+      f.bias(dst + 4 * s.I + s.I / 4, L.down_bias, row0, 0);
       f.done(k);
     }
   }
@@ -394,8 +413,12 @@ struct AttnTeam {
 struct AttnWait {
   const unsigned* c;
   unsigned target;
+  unsigned long long* waited;  // trace: when the wait was satisfied (null: no trace)
   __device__ __forceinline__ void operator()() const {
-    if (threadIdx.x == 0) spin_until(c, target);
+    if (threadIdx.x == 0) {
+      spin_until(c, target);
+      if (waited) *waited = global_ns();
+    }
     AttnTeam{}.sync();
   }
 };
@@ -411,14 +434,18 @@ __device__ __noinline__ void attention_items(const DecodeStepParams& p, int l, u
   a.M = 1; a.Hq = s.Hq; a.Hkv = s.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
   a.kv_stable = true;  // one token: only its own key is written in this step
   const int n = s.Hkv * body::kAttnS;
+  if (int(blockIdx.x) < n) stamp(p, l, kStreamAttnStart);
   for (int i = blockIdx.x; i < n; i += gridDim.x) {
     const int kvh = i % s.Hkv, split = i / s.Hkv;
-    const AttnWait wait{cnt + kCQkv + kvh, unsigned(s.qkv_per_kv())};
+    unsigned long long* waited =
+        p.trace ? p.trace + (size_t(l) * gridDim.x + blockIdx.x) * kStreamTraceWords + kStreamAttnWaited : nullptr;
+    const AttnWait wait{cnt + kCQkv + kvh, unsigned(s.qkv_per_kv()), waited};
     if (body::attn_decode<D>(a, kvh, 0, split, i, n, wait, AttnTeam{})) {
       AttnTeam{}.sync();  // every thread's output written before the count
       if (threadIdx.x == 0) red_release(cnt + kCAttn, 1);
     }
   }
+  if (int(blockIdx.x) < n) stamp(p, l, kStreamAttnDone);
 }
 
 // Thread 0 waits for the counters, then the consumers pass a barrier together.
@@ -431,14 +458,23 @@ __device__ __forceinline__ void consumers_wait(const unsigned* c, unsigned targe
   consumers_sync();
 }
 
+// Element `row` of a bias chunk the producer put in the slot at `at`.
+__device__ __forceinline__ float slot_bias(uint32_t at, size_t row) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(at + 2 * uint32_t(row & 7)));
+  return bf(v);
+}
+
 template <int D, bool kMul>
-__device__ __noinline__ void consumers(const DecodeStepParams& p, const Geom& gm) {
+__device__ __forceinline__ void consumers(const DecodeStepParams& p, const Geom& gm) {
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, sm = blockIdx.x, nsm = gridDim.x;
   const Shape s(p);
   const Slots sl = slots(gm);
   const uint32_t x_nat = smem_u32(g_dyn), x_perm = x_nat + gm.perm;
   Counts out;
   uint32_t k = 0;
+  const bool math = !(p.variant & 2);  // timing experiment (variant bit 1): no math on the slots
+  const int32_t slot_full = p.slot[0], slot_sw = p.slot_sw[0];
   for (int l = 0; l < p.num_layers; ++l) {
     const DecodeStepLayer& L = p.layers[l];
     unsigned* cnt = p.counters + size_t(l) * kLayerWords;
@@ -454,26 +490,22 @@ __device__ __noinline__ void consumers(const DecodeStepParams& p, const Geom& gm
     if (sm == 0 && threadIdx.x == 0) red_release(cnt + kCResid, 1);
     stamp(p, l, kStreamQkvReady);
     {
-      const uint16_t* bias = L.qkv_b;
       uint16_t *kc = L.k_cache, *vc = L.v_cache;
-      const int32_t slot = L.window ? p.slot_sw[0] : p.slot[0];
-      const float pos = float(p.pos[0]);
+      const int32_t slot = L.window ? slot_sw : slot_full;
       const Range r = share(s.qkv(), sm, nsm);
-      for (int u = r.lo; u < r.hi; ++u, ++k) {
+      SegWalk it(r.lo, s.D / 2);  // segment = head in KV-group order, c = rotary dim
+      for (int u = r.lo; u < r.hi; ++u, ++k, it.next()) {
         if (int(k % kCw) != w) continue;
         const Unit un{p, sl, k, kl, l};
-        int kvh, h, d;
-        qkv_head(s, u, kvh, h, d);
+        const int kvh = it.seg / (body::kAttnG + 2), hh = it.seg % (body::kAttnG + 2), d = it.c;
+        const int h =
+            hh < body::kAttnG ? kvh * body::kAttnG + hh : (hh == body::kAttnG ? s.Hq + kvh : s.Hq + s.Hkv + kvh);
         const int half = s.D / 2, row = h * s.D + d;
-        const float bA = bf(bias[row]), bB = bf(bias[row + half]);
-        float sn = 0.f, cs = 1.f;
-        if (h < s.Hq + s.Hkv) {
-          sincosf(pos * p.inv_freq[d], &sn, &cs);
-          cs *= p.concentration;
-          sn *= p.concentration;
-        }
+        const float2 rope = h < s.Hq + s.Hkv ? g_rope[d] : make_float2(1.f, 0.f);
+        const float cs = rope.x, sn = rope.y;
         const uint32_t a = un.wait();
-        const float2 v = dot2_bf16(a, a + 2 * s.H, true, x_nat, s.H);
+        const float2 v = math ? dot2_bf16(a, a + 2 * s.H, true, x_nat, s.H) : make_float2(0.f, 0.f);
+        const float bA = slot_bias(a + 4 * s.H, row), bB = slot_bias(a + 4 * s.H + 16, row + half);
         un.free(0);
         if (lane == 0) {
           float x1 = v.x + bA, x2 = v.y + bB;
@@ -503,14 +535,13 @@ __device__ __noinline__ void consumers(const DecodeStepParams& p, const Geom& gm
     consumers_sync();
     stamp(p, l, kStreamOprojReady);
     {
-      const uint16_t* bias = L.o_b;
       const Range r = share(s.oproj(), sm, nsm);
       for (int u = r.lo; u < r.hi; ++u, ++k) {
         if (int(k % kCw) != w) continue;
         const Unit un{p, sl, k, kl, l};
-        const float b = bf(bias[u]);
         const uint32_t a = un.wait();
-        const float2 v = dot2_bf16(a, a, false, x_nat, s.Kq);
+        const float2 v = math ? dot2_bf16(a, a, false, x_nat, s.Kq) : make_float2(0.f, 0.f);
+        const float b = slot_bias(a + 2 * s.Kq, u);
         un.free(1);
         if (lane == 0) {
           xout[u] = __ldcg(xout + u) + v.x + b;
@@ -525,14 +556,13 @@ __device__ __noinline__ void consumers(const DecodeStepParams& p, const Geom& gm
     stage_norm(xout, nullptr, L.mlp_norm, p.eps, s.H, true, true, nullptr, gm.perm);
     stamp(p, l, kStreamMlpReady);
     {
-      const uint16_t* bias = L.router_b;
       const Range r = share(s.router(), sm, nsm);
       for (int u = r.lo; u < r.hi; ++u, ++k) {
         if (int(k % kCw) != w) continue;
         const Unit un{p, sl, k, kl, l};
-        const float b0 = bf(bias[2 * u]), b1 = bf(bias[2 * u + 1]);
         const uint32_t a = un.wait();
-        const float2 v = dot2_bf16(a, a + 2 * s.H, true, x_nat, s.H);
+        const float2 v = math ? dot2_bf16(a, a + 2 * s.H, true, x_nat, s.H) : make_float2(0.f, 0.f);
+        const float b0 = slot_bias(a + 4 * s.H, 2 * u), b1 = slot_bias(a + 4 * s.H, 2 * u + 1);
         un.free(2);
         if (lane == 0) {
           p.router_logits[2 * u] = v.x + b0;
@@ -543,24 +573,21 @@ __device__ __noinline__ void consumers(const DecodeStepParams& p, const Geom& gm
       if (!lane) out.flush();
     }
     {
-      const uint16_t* bias_all = L.up_bias;
       const Range r = share(kTopK * s.fc1_per(), sm, nsm);
-      for (int u = r.lo; u < r.hi; ++u, ++k) {
+      SegWalk it(r.lo, s.fc1_per());
+      for (int u = r.lo; u < r.hi; ++u, ++k, it.next()) {
         if (int(k % kCw) != w) continue;
         const Unit un{p, sl, k, kl, l};
-        const int j = u / s.fc1_per(), c = u % s.fc1_per(), g = lane >> 2;
+        const int j = it.seg, c = it.c, g = lane >> 2;
         const uint32_t a = un.wait();
-        const uint16_t* bias = bias_all + size_t(g_route[l & 1].e[j]) * 2 * s.I;
         // Row r of the chunk is gate (even r) or up (odd r) of activation 4c + r/2. Lane (g, 0) ends
         // with rows g/2 and 4 + g/2: lanes 0 and 16 finish activations 4c + g/4 and 4c + 2 + g/4,
         // their up rows come from lanes g + 2.
         const bool fin = (lane & 15) == 0;
-        const int i0 = 4 * c + (g >> 2), i1 = i0 + 2;
-        float bg0 = 0.f, bu0 = 0.f, bg1 = 0.f, bu1 = 0.f;
-        if (fin) {
-          bg0 = bf(bias[2 * i0]); bu0 = bf(bias[2 * i0 + 1]); bg1 = bf(bias[2 * i1]); bu1 = bf(bias[2 * i1 + 1]);
-        }
-        const float2 v = dot8_mxfp4<kMul>(a, a + 4 * s.H, x_perm, s.H);
+        const uint32_t bias = a + 4 * s.H + s.H / 4;  // the chunk's eight rows
+        const float bg0 = slot_bias(bias, 2 * (g >> 2)), bu0 = slot_bias(bias, 2 * (g >> 2) + 1);
+        const float bg1 = slot_bias(bias, 4 + 2 * (g >> 2)), bu1 = slot_bias(bias, 5 + 2 * (g >> 2));
+        const float2 v = math ? dot8_mxfp4<kMul>(a, a + 4 * s.H, x_perm, s.H) : make_float2(0.f, 0.f);
         un.free(3);
         const float up0 = __shfl_down_sync(0xffffffffu, v.x, 8), up1 = __shfl_down_sync(0xffffffffu, v.y, 8);
         uint32_t hv[2] = {0u, 0u};
@@ -594,20 +621,18 @@ __device__ __noinline__ void consumers(const DecodeStepParams& p, const Geom& gm
     consumers_sync();
     stamp(p, l, kStreamFc2Ready);
     {
-      const uint16_t* bias_all = L.down_bias;
-      for (int u = r2.lo; u < r2.hi; ++u, ++k) {
+      SegWalk it(r2.lo, s.fc2_per());
+      for (int u = r2.lo; u < r2.hi; ++u, ++k, it.next()) {
         if (int(k % kCw) != w) continue;
         const Unit un{p, sl, k, kl, l};
-        const int j = u / s.fc2_per(), c = u % s.fc2_per(), g = lane >> 2;
+        const int j = it.seg, c = it.c, g = lane >> 2;
         const uint32_t a = un.wait();
-        const int e = g_route[l & 1].e[j];
         const float wgt = g_route[l & 1].w[j];
-        const bool fin = (lane & 7) == 0;  // lanes (g even, 0): rows g/2 and 4 + g/2
-        const int r0 = 8 * c + (g >> 1);
-        const uint16_t* bias = bias_all + size_t(e) * s.H;
-        const float b0 = fin ? bf(bias[r0]) : 0.f, b1 = fin ? bf(bias[r0 + 4]) : 0.f;
+        // Lanes (g even, 0) finish rows g/2 and 4 + g/2 of the chunk.
+        const uint32_t bias = a + 4 * s.I + s.I / 4;
+        const float b0 = slot_bias(bias, g >> 1), b1 = slot_bias(bias, 4 + (g >> 1));
         const uint32_t x = x_nat + gm.act + uint32_t(j - j0) * gm.act_bytes;
-        const float2 v = dot8_mxfp4<kMul>(a, a + 4 * s.I, x, s.I);
+        const float2 v = math ? dot8_mxfp4<kMul>(a, a + 4 * s.I, x, s.I) : make_float2(0.f, 0.f);
         un.free(4);
         const float y0 = wgt * (v.x + b0), y1 = wgt * (v.y + b1);
         // Lane 0 writes the chunk's eight rows (rows r and 4 + r sit in lane 8r).
@@ -633,8 +658,13 @@ __device__ __noinline__ void consumers(const DecodeStepParams& p, const Geom& gm
 template <int D, bool kMul>
 __global__ void __launch_bounds__(kThreads, 1) decode_stream_k(const __grid_constant__ DecodeStepParams p, const Geom gm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x < D / 2) {  // the step's RoPE rotation, once
+    float sn, cs;
+    sincosf(float(p.pos[0]) * p.inv_freq[threadIdx.x], &sn, &cs);
+    g_rope[threadIdx.x] = make_float2(cs * p.concentration, sn * p.concentration);
+  }
   if (threadIdx.x == 0) {
-    for (int i = 0; i < gm.nslots; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
       mbar_init(smem_u32(&g_full[i]), 32);  // one cp.async arrival per producer lane
       mbar_init(smem_u32(&g_empty[i]), 1);
     }
@@ -662,13 +692,13 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
   g.act_bytes = align128(size_t(I / 32) * kXGroupBytes);
   g.act = 0;
   g.ring = std::max(g.perm + align128(size_t(H / 32) * kXGroupBytes), 2 * g.act_bytes);
-  g.slot_bytes = align128(std::max({4 * H, 2 * Kq, 4 * H + H / 4, 4 * I + I / 4}));
+  // Rows, scales, bias chunks (two for qkv).
+  g.slot_bytes = align128(std::max({4 * H + 32, 2 * Kq + 16, 4 * H + H / 4 + 16, 4 * I + I / 4 + 16}));
   const long avail = long(optin) - long(fa.sharedSizeBytes) - long(g.ring);
-  // Unit k goes to warp k % kCw and slot k % nslots: with nslots a multiple of kCw every slot has one
-  // consumer warp, which takes its rounds in order, so a wait on the slot's parity cannot alias.
-  g.nslots = int(std::min<long>(kMaxSlots, avail / long(g.slot_bytes))) / kCw * kCw;
-  if (g.nslots < kCw) throw_error("decode_stream: shared memory holds fewer slots than consumer warps");
-  const size_t dyn = g.ring + size_t(g.nslots) * g.slot_bytes;
+  if (avail < long(kSlots) * long(g.slot_bytes))
+    throw_error("decode_stream: shared memory holds " + std::to_string(avail / long(g.slot_bytes)) + " slots, needs " +
+                std::to_string(kSlots));
+  const size_t dyn = g.ring + size_t(kSlots) * g.slot_bytes;
   MX_CUDA(cudaFuncSetAttribute(decode_stream_k<D, kMul>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dyn)));
   MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_stream_k<D, kMul>, kThreads, dyn));
   if (per_sm < 1) throw_error("decode_stream: the kernel does not fit on an SM");

@@ -34,7 +34,7 @@ bool decode_stream_supported(const DecodeStepParams& shape, std::string* why = n
 
 // Diagnostics (DecodeStepParams::trace, bench --step-trace): per layer and SM, kStreamTraceWords
 // globaltimer stamps (kStreamTrace* below); the buffer holds decode_stream_trace_words(layers, sms).
-constexpr int kStreamTraceWords = 8;
+constexpr int kStreamTraceWords = 10;
 enum StreamTraceStamp {
   kStreamQkvReady,    // consumers: the layer's qkv input staged
   kStreamOprojReady,  // attention done everywhere, its output staged
@@ -42,6 +42,9 @@ enum StreamTraceStamp {
   kStreamRouted,      // producer: routing known (FC1 copies may start)
   kStreamFc2Ready,    // FC1 of this SM's FC2 experts done, their inputs staged
   kStreamLayerDone,   // consumers: this SM's FC2 units done
+  kStreamAttnStart,   // this SM's attention items: started (after its qkv units), and done
+  kStreamAttnDone,
+  kStreamAttnWaited,  // its last item's wait for the qkv rows satisfied
 };
 // Then, for layer kStreamTraceLayer (or the last), per SM and unit (up to kStreamTraceUnits in the
 // CTA's order): when the producer took the slot, when the consumer found it full, when the consumer
