@@ -5,10 +5,7 @@
 # stall samples), sass_stream.txt.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/mxserve-ncu}
-BIN=${BIN:-.devrun}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source bench/device_run_env.sh /tmp/mxserve-ncu
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 "$CUOBJ" -sass "$BIN/mxserve" 2>/dev/null |

@@ -9,10 +9,7 @@
 #   RUNS    decode-stream settings, each S or S/V (--decode-stream S --stream-variant V; default: 1 0)
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/mxserve-device}
-BIN=${BIN:-.devrun}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$BIN/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source bench/device_run_env.sh /tmp/mxserve-device
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 filter=${TESTS:-'CudaRunner.Stream*:CudaRunner.Tiny*:CudaRunner.Mini*:CudaRunner.Persistent*:GoldenLogitsGpu.*'}
 if [ "$filter" != none ]; then

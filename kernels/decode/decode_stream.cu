@@ -148,6 +148,23 @@ __device__ __forceinline__ void producer(const DecodeStepParams& p, const Geom& 
     auto stamp_take = [&] {
       if (!lane) unit_stamp(p, l, int(k - kl), 0, global_ns());
     };
+    // Unit k: `bytes` of contiguous rows, then the chunk of `bias` holding row `brow`.
+    auto rows = [&](const void* src, uint32_t bytes, const uint16_t* bias, size_t brow) {
+      const uint32_t dst = f.take(k);
+      stamp_take();
+      f.copy(dst, src, bytes);
+      f.bias(dst + bytes, bias, brow, 0);
+      f.done(k);
+    };
+    // Unit k: eight MXFP4 rows from row0 of a [rows, K] matrix, their scales, their bias chunk.
+    auto experts = [&](const uint8_t* blocks, const uint8_t* scales, const uint16_t* bias, size_t row0, int K) {
+      const uint32_t dst = f.take(k);
+      stamp_take();
+      f.copy(dst, blocks + row0 * (K / 2), 4 * K);
+      f.copy(dst + 4 * K, scales + row0 * (K / 32), K / 4);
+      f.bias(dst + 4 * K + K / 4, bias, row0, 0);
+      f.done(k);
+    };
     const uint16_t* qkv_w = L.qkv_w;
     Range r = share(s.qkv(), sm, nsm);
     for (SegWalk it(r.lo, s.D / 2); r.lo < r.hi; ++r.lo, ++k, it.next()) {
@@ -165,22 +182,10 @@ __device__ __forceinline__ void producer(const DecodeStepParams& p, const Geom& 
     }
     const uint16_t* o_w = L.o_w;
     r = share(s.oproj(), sm, nsm);
-    for (int u = r.lo; u < r.hi; ++u, ++k) {
-      const uint32_t dst = f.take(k);
-      stamp_take();
-      f.copy(dst, o_w + size_t(u) * s.Kq, 2 * s.Kq);
-      f.bias(dst + 2 * s.Kq, L.o_b, u, 0);
-      f.done(k);
-    }
+    for (int u = r.lo; u < r.hi; ++u, ++k) rows(o_w + size_t(u) * s.Kq, 2 * s.Kq, L.o_b, u);
     const uint16_t* router_w = L.router_w;
     r = share(s.router(), sm, nsm);
-    for (int u = r.lo; u < r.hi; ++u, ++k) {
-      const uint32_t dst = f.take(k);
-      stamp_take();
-      f.copy(dst, router_w + size_t(2 * u) * s.H, 4 * s.H);
-      f.bias(dst + 4 * s.H, L.router_b, 2 * u, 0);
-      f.done(k);
-    }
+    for (int u = r.lo; u < r.hi; ++u, ++k) rows(router_w + size_t(2 * u) * s.H, 4 * s.H, L.router_b, 2 * u);
 
     // The expert weights' addresses need the routing: wait for the router, route the token.
     if (!lane) spin_until(cnt + kCRouter, s.router());
@@ -203,24 +208,14 @@ __device__ __forceinline__ void producer(const DecodeStepParams& p, const Geom& 
       const int j = it.seg;
       const size_t row0 =
           size_t(j == 0 ? sel[0] : j == 1 ? sel[1] : j == 2 ? sel[2] : sel[3]) * 2 * s.I + 8 * it.c;
-      const uint32_t dst = f.take(k);
-      stamp_take();
-      f.copy(dst, up_b + row0 * (s.H / 2), 4 * s.H);
-      f.copy(dst + 4 * s.H, up_s + row0 * (s.H / 32), s.H / 4);
-      f.bias(dst + 4 * s.H + s.H / 4, L.up_bias, row0, 0);  // rows row0 .. row0 + 7: one chunk
-      f.done(k);
+      experts(up_b, up_s, L.up_bias, row0, s.H);
     }
     const uint8_t *down_b = L.down_blocks, *down_s = L.down_scales;
     r = share(kTopK * s.fc2_per(), sm, nsm);
     for (SegWalk it(r.lo, s.fc2_per()); r.lo < r.hi; ++r.lo, ++k, it.next()) {
       const int j = it.seg;
       const size_t row0 = size_t(j == 0 ? sel[0] : j == 1 ? sel[1] : j == 2 ? sel[2] : sel[3]) * s.H + 8 * it.c;
-      const uint32_t dst = f.take(k);
-      stamp_take();
-      f.copy(dst, down_b + row0 * (s.I / 2), 4 * s.I);
-      f.copy(dst + 4 * s.I, down_s + row0 * (s.I / 32), s.I / 4);
-      f.bias(dst + 4 * s.I + s.I / 4, L.down_bias, row0, 0);
-      f.done(k);
+      experts(down_b, down_s, L.down_bias, row0, s.I);
     }
   }
 }
