@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #ifdef MXSERVE_HAVE_CUDA
+#include "kernels/decode/decode_stream.h"
 #include "kernels/engine/cuda_runner.h"
 #endif
 
@@ -25,7 +26,7 @@ struct BenchOptions {
   int depth = 0, reps = 5;
   int prefill_min_tokens = -1;  // -1: the engine's default
   int decode_step_min_tokens = -1;  // -1: the engine's default
-  int decode_stream = -1;  // -1: the engine's default (on where supported)
+  int decode_stream = -1;  // -1: the engine's default (off)
   int stream_variant = 0;  // DecodeStepParams::variant (experiments)
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
@@ -108,8 +109,8 @@ void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
 // mean span per layer of each stage: from the first SM that reached a stamp to the first that
 // reached the next (the waits between ops make the first SM's times the critical path).
 void write_stream_trace(const std::vector<uint64_t>& t, int sms, FILE* f) {
-  constexpr int W = 10, kStamps = 9, kUnits = 128;
-  static const char* names[kStamps] = {"qkv_ready", "oproj_ready", "mlp_ready", "routed",     "fc2_ready",
+  constexpr int W = cuda::kStreamTraceWords, kStamps = cuda::kStreamAttnWaited + 1, kUnits = cuda::kStreamTraceUnits;
+  static const char* names[kStamps] = {  // in StreamTraceStamp order"qkv_ready", "oproj_ready", "mlp_ready", "routed",     "fc2_ready",
                                        "layer_done", "attn_start", "attn_done", "attn_waited"};
   const size_t layers = (t.size() - size_t(sms) * kUnits * 4) / (size_t(sms) * W);
   uint64_t t0 = ~0ull;

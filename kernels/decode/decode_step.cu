@@ -21,11 +21,6 @@ constexpr int kMaxKvHeads = 16;
 constexpr int kAttnDone = 16, kOprojDone = 17, kRouterDone = 18, kFc2Done = 19, kFc1Done = 32, kLayerWords = 64;
 static_assert(kFc1Done + kMaxSlots <= kLayerWords, "counter layout");
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 __shared__ unsigned long long s_waited;  // trace: when the current item's wait was satisfied
 
 // Waits until *c >= target (c null: no wait): thread 0 polls (relaxed loads, then one acquire
@@ -38,7 +33,7 @@ struct FlagWait {
     if (!c) return;
     if (threadIdx.x == 0) {
       ring::spin_until(c, target);
-      s_waited = global_ns();
+      s_waited = ring::global_ns();
     }
     __syncthreads();
   }
@@ -90,7 +85,7 @@ template <class F>
 __device__ __forceinline__ void traced(const DecodeStepParams& p, int l, int phase, int g, F f) {
   unsigned long long t0 = 0;
   if (p.trace && threadIdx.x == 0) {
-    t0 = global_ns();
+    t0 = ring::global_ns();
     s_waited = 0;
   }
   f();
@@ -100,7 +95,7 @@ __device__ __forceinline__ void traced(const DecodeStepParams& p, int l, int pha
     unsigned long long* r = p.trace + size_t(g) * 4;
     r[0] = t0;
     r[1] = s_waited;
-    r[2] = global_ns();
+    r[2] = ring::global_ns();
     r[3] = sm | unsigned(phase) << 8 | unsigned(l) << 16;
   }
 }

@@ -673,14 +673,34 @@ __global__ void __launch_bounds__(kThreads, 1) decode_stream_k(const __grid_cons
 
 uint32_t align128(size_t v) { return uint32_t((v + 127) & ~size_t(127)); }
 
+// The device's SM count and the dynamic shared memory a CTA of the kernel may take, queried once (the
+// kernel's limit is raised to all of it then, so a launch sets nothing).
+struct DeviceFit {
+  int sms = 0;
+  long dyn_max = 0;
+};
+template <int D, bool kMul>
+const DeviceFit& device_fit() {
+  static const DeviceFit f = [] {
+    int dev = 0, optin = 0;
+    DeviceFit r;
+    MX_CUDA(cudaGetDevice(&dev));
+    MX_CUDA(cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev));
+    MX_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaFuncAttributes fa{};
+    MX_CUDA(cudaFuncGetAttributes(&fa, decode_stream_k<D, kMul>));
+    r.dyn_max = long(optin) - long(fa.sharedSizeBytes);
+    MX_CUDA(cudaFuncSetAttribute(decode_stream_k<D, kMul>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(r.dyn_max)));
+    return r;
+  }();
+  return f;
+}
+
 template <int D, bool kMul>
 void launch(const DecodeStepParams& p, cudaStream_t s) {
-  int dev = 0, sms = 0, optin = 0, per_sm = 0;
-  MX_CUDA(cudaGetDevice(&dev));
-  MX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  MX_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  cudaFuncAttributes fa{};
-  MX_CUDA(cudaFuncGetAttributes(&fa, decode_stream_k<D, kMul>));
+  const DeviceFit& fit = device_fit<D, kMul>();
+  const int sms = fit.sms;
+  int per_sm = 0;
   const int H = p.H, I = p.I, Kq = p.Hq * p.D;
   Geom g{};
   g.perm = align128(size_t(std::max(H, Kq)) * 2);
@@ -689,12 +709,11 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
   g.ring = std::max(g.perm + align128(size_t(H / 32) * kXGroupBytes), 2 * g.act_bytes);
   // Rows, scales, bias chunks (two for qkv).
   g.slot_bytes = align128(std::max({4 * H + 32, 2 * Kq + 16, 4 * H + H / 4 + 16, 4 * I + I / 4 + 16}));
-  const long avail = long(optin) - long(fa.sharedSizeBytes) - long(g.ring);
+  const long avail = fit.dyn_max - long(g.ring);
   if (avail < long(kSlots) * long(g.slot_bytes))
     throw_error("decode_stream: shared memory holds " + std::to_string(avail / long(g.slot_bytes)) + " slots, needs " +
                 std::to_string(kSlots));
   const size_t dyn = g.ring + size_t(kSlots) * g.slot_bytes;
-  MX_CUDA(cudaFuncSetAttribute(decode_stream_k<D, kMul>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dyn)));
   MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_stream_k<D, kMul>, kThreads, dyn));
   if (per_sm < 1) throw_error("decode_stream: the kernel does not fit on an SM");
   // Each SM's FC2 share must span at most two expert slots (two staged inputs).

@@ -1,8 +1,9 @@
 // The decode forward: M <= 8 tokens (any mix of sequences), six kernels per layer, or from
 // decode_step_min_tokens on one persistent kernel (forward_decode_step); one-token steps on the
-// stream kernel when CudaEngineOptions::decode_stream asks for it (opt-in while it is slower). The residual stream
-// ping-pongs between xa_ and xb_: each norm prologue reads x + the previous MoE's per-slot outputs,
-// and its first CTA writes the sum to the other buffer, so no kernel adds the experts up.
+// stream kernel when CudaEngineOptions::decode_stream asks for it (opt-in while it is slower).
+// The residual stream ping-pongs between xa_ and xb_: each norm prologue reads x + the previous MoE's
+// per-slot outputs, and its first CTA writes the sum to the other buffer, so no kernel adds the
+// experts up.
 #include <algorithm>
 #include <cmath>
 
