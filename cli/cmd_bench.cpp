@@ -28,6 +28,7 @@ struct BenchOptions {
   int decode_step_min_tokens = -1;  // -1: the engine's default
   int decode_stream = -1;  // -1: the engine's default (off)
   int stream_variant = 0;  // DecodeStepParams::variant (experiments)
+  int moe_variant = 0;     // MoeDecodeParams::variant (experiments)
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
@@ -222,6 +223,7 @@ void run_bench(const BenchOptions& o) {
   if (o.decode_step_min_tokens >= 0) eo.decode_step_min_tokens = o.decode_step_min_tokens;
   if (o.decode_stream >= 0) eo.decode_stream = o.decode_stream != 0;
   eo.stream_variant = o.stream_variant;
+  eo.moe_variant = o.moe_variant;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -372,6 +374,8 @@ void add_bench_command(CLI::App& app) {
                   "the path --decode-step-min-tokens picks (0, the default)")
       ->check(CLI::Range(0, 1));
   cmd->add_option("--stream-variant", o->stream_variant, "experiments: bit 0 = shift-form E2M1 placement in the stream kernel");
+  cmd->add_option("--moe-variant", o->moe_variant,
+                  "experiments: bit 0 = one-token expert kernels on the bf16 mma path instead of FP8 tensor cores");
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

@@ -76,6 +76,7 @@ struct MoeDecodeParams {
   float* y_slot = nullptr;         // fp32 [M, 4, H] = w * (W2 . act + b2) per (token, slot)
   int M = 1, E = 0, H = 0, I = 0;
   float alpha = 1.702f, limit = 7.0f;
+  int variant = 0;  // experiments (bench --moe-variant): bit 0 one token on the bf16 path, not FP8 tensor cores
 };
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s);
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s);

@@ -9,6 +9,7 @@
 #include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/decode/moe_body.cuh"
+#include "kernels/decode/e4m3_split.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -35,6 +36,93 @@ __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   if (int(blockIdx.y) < r.count) fc2<kMul>(p, r, blockIdx.x, blockIdx.y, red, PdlWait{});
 }
 
+// One token on FP8 tensor cores (e4m3_split.cuh), sm_89+. Same grids and tiles as above; the
+// activations are staged as e4m3 (hi, lo) terms, four weight segments in flight per warp (eight
+// measured slower, as did FC2 without the K split: docs/perf.md, session 10).
+constexpr int kM1U = 4;
+
+__device__ __forceinline__ bool fp8_arch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Element j of a four-entry register array without a local-memory index.
+template <class T>
+__device__ __forceinline__ T pick4(const T (&v)[kTopK], int j) {
+  return j == 0 ? v[0] : j == 1 ? v[1] : j == 2 ? v[2] : v[3];
+}
+
+__global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
+  extern __shared__ __align__(16) uint8_t xst[];
+  pdl_wait();
+  pdl_launch_dependents();
+  if (!fp8_arch()) return;
+  // One token: its four experts are the distinct slots in order, so every warp routes on its own
+  // (no barrier before the weight loads).
+  int sel[kTopK];
+  float wt[kTopK];
+  route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
+  const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * kMoeWarps + warp, ntiles = I / 8;
+  // Fragment rows g / g + 8 are gate row 2i / up row 2i + 1 of activation i.
+  const int i = min(tile, ntiles - 1) * 8 + g;
+  const size_t rA = size_t(e) * 2 * I + 2 * i;
+  e4m3::Pipe<kM1U> pipe = e4m3::rows_pipe<kM1U>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, 0, e4m3::stage_segs(H), t);
+  e4m3::stage_split(p.xn, H, xst);
+  __syncthreads();
+  const float2 v = e4m3::tile_run(pipe, xst, H, 0);
+  if (tile >= ntiles || t != 0) return;
+  const float gate = fminf(v.x + bf(p.fc1_bias[rA]), p.limit);
+  const float up = fminf(fmaxf(v.y + bf(p.fc1_bias[rA + 1]), -p.limit), p.limit);
+  const float glu = gate / (1.f + expf(-p.alpha * gate));
+  p.act[size_t(j) * I + i] = uint16_t(f32_to_bf16_bits(glu * (up + 1.f)));
+}
+
+__global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
+  extern __shared__ __align__(16) uint8_t xst[];
+  __shared__ float red[kMoeWarps * 32 * 4];
+  if (!fp8_arch()) return;
+  int sel[kTopK];
+  float wt[kTopK];
+  route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);  // before the wait: see fc2_k
+  constexpr int KSPLIT = kFc2Split;
+  const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * (kMoeWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = (H + 15) / 16;
+  const int r0 = min(tile, ntiles - 1) * 16, segs = e4m3::stage_segs(I);
+  const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
+  const int s0 = segs * kp / KSPLIT, s1 = segs * (kp + 1) / KSPLIT;
+  e4m3::Pipe<kM1U> pipe = e4m3::rows_pipe<kM1U>(p.fc2_blocks, p.fc2_scales, rA, rB, I, s0, s1, t);
+  pdl_wait();  // FC1's activations
+  pdl_launch_dependents();
+  e4m3::stage_split(p.act + size_t(j) * I, I, xst);
+  __syncthreads();
+  const float2 v = e4m3::tile_run(pipe, xst, I, s0);
+  float c[4] = {v.x, 0.f, v.y, 0.f};
+  reduce_ksplit(c, red, KSPLIT);
+  if (kp != 0 || tile >= ntiles || t != 0) return;
+  const float w = pick4(wt, j);
+  const int ra = r0 + g, rb = r0 + g + 8;
+  if (ra < H) p.y_slot[size_t(j) * H + ra] = w * (c[0] + bf(p.fc2_bias[size_t(e) * H + ra]));
+  if (rb < H) p.y_slot[size_t(j) * H + rb] = w * (c[2] + bf(p.fc2_bias[size_t(e) * H + rb]));
+}
+
+// The one-token FP8 path: sm_89+, unless turned off (MoeDecodeParams::variant bit 0).
+bool use_m1(const MoeDecodeParams& p) {
+  static const bool fp8 = [] {
+    int dev = 0, major = 0, minor = 0;
+    MX_CUDA(cudaGetDevice(&dev));
+    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major * 10 + minor >= 89;
+  }();
+  return p.M == 1 && fp8 && !(p.variant & 1);
+}
+
 void check(const MoeDecodeParams& p) {
   if (p.M < 1 || p.M > kMaxDecodeTokens) throw_error("moe decode: M must be 1..8, got " + std::to_string(p.M));
   if (p.E < kTopK || p.E > 128) throw_error("moe decode: expert count must be 4..128");
@@ -47,6 +135,10 @@ void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
   static bool init = (allow_dynamic_smem(fc1_k<false>), allow_dynamic_smem(fc1_k<true>), true);
   (void)init;
+  if (use_m1(p)) {
+    launch_pdl(fc1_m1_k, dim3(fc1_ctas(p.I), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
+    return;
+  }
   launch_pdl(p.M > 1 ? fc1_k<true> : fc1_k<false>, dim3(fc1_ctas(p.I), moe_slots(p.M, p.E)), dim3(128),
              size_t(p.M) * staged_ld(p.H) * 2, s, p);
 }
@@ -55,6 +147,10 @@ void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
   static bool init = (allow_dynamic_smem(fc2_k<false>), allow_dynamic_smem(fc2_k<true>), true);
   (void)init;
+  if (use_m1(p)) {
+    launch_pdl(fc2_m1_k, dim3(fc2_ctas(p.H), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.I)), s, p);
+    return;
+  }
   launch_pdl(p.M > 1 ? fc2_k<true> : fc2_k<false>, dim3(fc2_ctas(p.H), moe_slots(p.M, p.E)), dim3(128),
              size_t(p.M) * staged_ld(p.I) * 2, s, p);
 }

@@ -35,6 +35,7 @@ struct CudaEngineOptions {
   // it beats the six launches per layer (docs/perf.md, session 9).
   bool decode_stream = false;
   int stream_variant = 0;  // experiments (bench --stream-variant): DecodeStepParams::variant
+  int moe_variant = 0;     // experiments (bench --moe-variant): MoeDecodeParams::variant
 };
 
 struct CudaLoadStats {

@@ -87,6 +87,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
     e.xn = xn_; e.act = act_bf_; e.y_slot = ysl_;
     e.M = M; e.E = E; e.H = H; e.I = I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
+    e.variant = opt_.moe_variant;
     if (!(skip_ & kDecodeFc1)) cuda::mxfp4_moe_fc1_swiglu(e, s);
     mark("moe_fc1_swiglu", fc1_bytes);
     if (!(skip_ & kDecodeFc2)) cuda::mxfp4_moe_fc2(e, s);
