@@ -128,31 +128,9 @@ __device__ inline void stage_split(const uint16_t* src, int K, uint8_t* dst) {
   if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(dst + stage_zero_off(K))[threadIdx.x] = 0u;
 }
 
-// Weight loads of one warp's two rows, U segments of 128 values per batch (one 16-byte group per lane
-// and row, and its E8M0 scale byte).
-template <int U_>
-struct Pipe {
-  static constexpr int U = U_;
-  uint4 wa[U], wb[U];
-  uint32_t sa[U], sb[U];
-  const uint8_t *blkA, *blkB, *scA, *scB;
-  int s1, groups, t;
-  __device__ __forceinline__ void load(int s) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int G = 4 * (s + u) + t;
-      if (s + u < s1 && G < groups) {
-        wa[u] = mma::ldg_stream(blkA + G * 16);
-        wb[u] = mma::ldg_stream(blkB + G * 16);
-        sa[u] = __ldg(scA + G);
-        sb[u] = __ldg(scB + G);
-      } else {
-        wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
-        sa[u] = sb[u] = 0;
-      }
-    }
-  }
-};
+// Weight loads of one warp's two rows (mma_tile.cuh's pipe, with the raw E8M0 scale bytes).
+template <int U>
+using Pipe = mma::Mxfp4PipeT<U, true>;
 
 // Rows A, B of an MXFP4 matrix [*, K] (row pointers to blocks and scales) for segments [s0, s1);
 // the first batch is issued.
@@ -185,7 +163,7 @@ __device__ __forceinline__ float2 tile_run(Pipe<U>& p, const uint8_t* xst, int K
     uint4 wa[U], wb[U];
     uint32_t sa[U], sb[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) { wa[u] = p.wa[u]; wb[u] = p.wb[u]; sa[u] = p.sa[u]; sb[u] = p.sb[u]; }
+    for (int u = 0; u < U; ++u) { wa[u] = p.wa[u]; wb[u] = p.wb[u]; sa[u] = p.ma[u]; sb[u] = p.mb[u]; }
     if (s + U < p.s1) p.load(s + U);
 #pragma unroll
     for (int u = 0; u < U; ++u) {

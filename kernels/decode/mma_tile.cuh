@@ -158,8 +158,10 @@ __device__ __forceinline__ void group_mxfp4(const uint4& wa, const uint4& wb, ui
   group_mxfp4_x<kMul>(wa, wb, ma, mb, x, c);
 }
 
-// MXFP4 rows: batch = U segments of 128 values (one 16-byte group per lane and row each).
-template <int U_>
+// MXFP4 rows: batch = U segments of 128 values (one 16-byte group per lane and row each). kRawScale:
+// ma / mb hold the E8M0 bytes (the FP8 path applies them itself, e4m3_split.cuh), else the bf16x2
+// multipliers.
+template <int U_, bool kRawScale = false>
 struct Mxfp4PipeT {
   static constexpr int U = U_;
   uint4 wa[U], wb[U];
@@ -173,8 +175,8 @@ struct Mxfp4PipeT {
       if (s + u < s1 && G < groups) {
         wa[u] = ldg_stream(blkA + G * 16);
         wb[u] = ldg_stream(blkB + G * 16);
-        ma[u] = e8m0_mult(scA[G]);
-        mb[u] = e8m0_mult(scB[G]);
+        ma[u] = kRawScale ? uint32_t(scA[G]) : e8m0_mult(scA[G]);
+        mb[u] = kRawScale ? uint32_t(scB[G]) : e8m0_mult(scB[G]);
       } else {
         wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
         ma[u] = mb[u] = 0;
