@@ -132,18 +132,6 @@ __device__ inline void stage_split(const uint16_t* src, int K, uint8_t* dst) {
 template <int U>
 using Pipe = mma::Mxfp4PipeT<U, true>;
 
-// Rows A, B of an MXFP4 matrix [*, K] (row pointers to blocks and scales) for segments [s0, s1);
-// the first batch is issued.
-template <int U>
-__device__ __forceinline__ Pipe<U> rows_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA, size_t rB, int K,
-                                             int s0, int s1, int t) {
-  const int groups = K / 32;
-  Pipe<U> p{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups, scales + rB * groups,
-            s1, groups, t};
-  p.load(s0);
-  return p;
-}
-
 // 2^(s - 127) * 2^6 (the e4m3 placement) * 2^-xs as float bits; zero where it underflows.
 __device__ __forceinline__ float block_factor(uint32_t scale, int xs) {
   return __uint_as_float(uint32_t(max(int(scale) + 6 - xs, 0)) << 23);

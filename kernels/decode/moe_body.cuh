@@ -105,12 +105,13 @@ __device__ inline void route_tokens(const float* logits, int splits, int M, int 
 }
 
 // The weight rows (rA, rB) of expert matrix [*, K] in MXFP4 for split kp of KSPLIT; first batch issued.
-template <int KSPLIT, int U>
-__device__ __forceinline__ Mxfp4PipeT<U> expert_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA, size_t rB,
-                                                     int K, int kp, int t, int& s0) {
+// kRawScale: the scale bytes as they are (the FP8 one-token path, e4m3_split.cuh).
+template <int KSPLIT, int U, bool kRawScale = false>
+__device__ __forceinline__ Mxfp4PipeT<U, kRawScale> expert_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA,
+                                                                size_t rB, int K, int kp, int t, int& s0) {
   const int groups = K / 32, segs = (groups + 3) / 4;
   s0 = segs * kp / KSPLIT;
-  Mxfp4PipeT<U> pipe{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups,
+  Mxfp4PipeT<U, kRawScale> pipe{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups,
                      scales + rB * groups, segs * (kp + 1) / KSPLIT, groups, t};
   pipe.load(s0);
   return pipe;

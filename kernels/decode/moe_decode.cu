@@ -71,10 +71,11 @@ __global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
   // Fragment rows g / g + 8 are gate row 2i / up row 2i + 1 of activation i.
   const int i = min(tile, ntiles - 1) * 8 + g;
   const size_t rA = size_t(e) * 2 * I + 2 * i;
-  e4m3::Pipe<kM1U> pipe = e4m3::rows_pipe<kM1U>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, 0, e4m3::stage_segs(H), t);
+  int s0;
+  e4m3::Pipe<kM1U> pipe = expert_pipe<1, kM1U, true>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, 0, t, s0);
   e4m3::stage_split(p.xn, H, xst);
   __syncthreads();
-  const float2 v = e4m3::tile_run(pipe, xst, H, 0);
+  const float2 v = e4m3::tile_run(pipe, xst, H, s0);
   if (tile >= ntiles || t != 0) return;
   const float gate = fminf(v.x + bf(p.fc1_bias[rA]), p.limit);
   const float up = fminf(fmaxf(v.y + bf(p.fc1_bias[rA + 1]), -p.limit), p.limit);
@@ -93,10 +94,10 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * (kMoeWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = (H + 15) / 16;
-  const int r0 = min(tile, ntiles - 1) * 16, segs = e4m3::stage_segs(I);
+  const int r0 = min(tile, ntiles - 1) * 16;
   const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
-  const int s0 = segs * kp / KSPLIT, s1 = segs * (kp + 1) / KSPLIT;
-  e4m3::Pipe<kM1U> pipe = e4m3::rows_pipe<kM1U>(p.fc2_blocks, p.fc2_scales, rA, rB, I, s0, s1, t);
+  int s0;
+  e4m3::Pipe<kM1U> pipe = expert_pipe<KSPLIT, kM1U, true>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
   pdl_wait();  // FC1's activations
   pdl_launch_dependents();
   e4m3::stage_split(p.act + size_t(j) * I, I, xst);
