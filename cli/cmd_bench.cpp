@@ -29,6 +29,7 @@ struct BenchOptions {
   int decode_stream = -1;  // -1: the engine's default (off)
   int stream_variant = 0;  // DecodeStepParams::variant (experiments)
   int moe_variant = 0;     // MoeDecodeParams::variant (experiments)
+  bool router_kernel = false;  // CudaEngineOptions::router_kernel
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
@@ -169,10 +170,58 @@ void write_stream_trace(const std::vector<uint64_t>& t, int sms, FILE* f) {
     if (cnt[i]) std::fprintf(stderr, "  %s %d %.2f %.2f\n", kinds[i], cnt[i], lat[i] / cnt[i] / 1e3, work[i] / cnt[i] / 1e3);
 }
 
-// The decode step's timeline of one batch-1 step at the given depth, as CSV: the persistent step's
-// per-item timeline (layer, phase (0 qkv, 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the
-// entry / wait satisfied (0: none) / exit times in ns from the step's first item), or the one-token
-// stream kernel's stamps (write_stream_trace).
+// Per phase of the six launches per layer, averaged over layers (attention split by window): how long
+// after the previous kernel's last CTA exits the CTAs pass their wait, the last CTA's exit after that,
+// and the phase's share of the layer (last exit - previous last exit). Records: 4 words (cta_trace.h).
+void summarize_op_trace(const std::vector<uint64_t>& t, int layers) {
+  constexpr int kPhases = 6;
+  struct Agg { uint64_t first = ~0ull, wait_lo = ~0ull, wait_hi = 0, last = 0; std::vector<uint64_t> waits; };
+  std::vector<Agg> a(size_t(layers) * kPhases);
+  for (size_t i = 0; i + 3 < t.size(); i += 4) {
+    const int layer = int(t[i + 3] >> 16), ph = int((t[i + 3] >> 8) & 0xff);
+    if (layer >= layers || ph >= kPhases) continue;
+    Agg& g = a[size_t(layer) * kPhases + ph];
+    g.first = std::min(g.first, t[i]);
+    g.last = std::max(g.last, t[i + 2]);
+    if (t[i + 1]) g.waits.push_back(t[i + 1]);
+  }
+  const char* names[kPhases + 1] = {"qkv", "attention (even layers)", "o-proj", "router", "FC1", "FC2",
+                                    "attention (odd layers)"};
+  double release[kPhases + 1] = {}, work[kPhases + 1] = {}, span[kPhases + 1] = {}, early[kPhases + 1] = {};
+  int n[kPhases + 1] = {};
+  uint64_t prev_last = 0;
+  for (int l = 0; l < layers; ++l)
+    for (int ph = 0; ph < kPhases; ++ph) {
+      Agg& g = a[size_t(l) * kPhases + ph];
+      if (g.waits.empty() || g.last == 0) continue;  // not launched (the router inside the o-proj)
+      std::sort(g.waits.begin(), g.waits.end());
+      const uint64_t med = g.waits[g.waits.size() / 2];
+      if (prev_last) {
+        const int k = ph == 1 && (l & 1) ? kPhases : ph;
+        release[k] += double(med) - double(prev_last);
+        work[k] += double(g.last) - double(med);
+        span[k] += double(g.last) - double(prev_last);
+        early[k] += double(prev_last) - double(g.first);
+        ++n[k];
+      }
+      prev_last = g.last;
+    }
+  std::fprintf(stderr, "per-op step trace, us per layer (averages): phase: wait released after the previous "
+                       "kernel's last exit | last exit after release | phase span | first CTA entered before\n");
+  double total = 0;
+  for (int k = 0; k <= kPhases; ++k) {
+    if (!n[k]) continue;
+    std::fprintf(stderr, "  %-24s %6.2f %6.2f %6.2f %6.2f  (%d layers)\n", names[k], release[k] / n[k] / 1e3,
+                 work[k] / n[k] / 1e3, span[k] / n[k] / 1e3, early[k] / n[k] / 1e3, n[k]);
+    total += span[k] / n[k] * (k == 1 || k == kPhases ? 0.5 : 1.0);
+  }
+  std::fprintf(stderr, "  layer: %.2f us\n", total / 1e3);
+}
+
+// The decode step's timeline of one batch-1 step at the given depth, as CSV: per item (the
+// persistent step) or per CTA (the six launches per layer; cta_trace.h) the layer, phase (0 qkv,
+// 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait satisfied (0: none) / exit
+// times in ns from the step's first item; or the one-token stream kernel's stamps (write_stream_trace).
 void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const std::string& path) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
@@ -183,7 +232,7 @@ void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const st
   int sms = 0;
   const int kind = r.last_step_trace_kind(&sms);
   r.set_step_trace(false);
-  if (t.empty()) fail("--step-trace traces a 1-token step: add --decode-step-min-tokens 1 (or keep the stream kernel on)");
+  if (t.empty()) fail("--step-trace: the 1-token step left no trace");
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) fail("--step-trace: cannot write {}", path);
   if (kind == 1) {
@@ -203,6 +252,7 @@ void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const st
   }
   std::fclose(f);
   std::fprintf(stderr, "step trace: %zu items written to %s\n", t.size() / 4, path.c_str());
+  if (kind == 2) summarize_op_trace(t, r.config().num_layers);
 }
 
 void run_bench(const BenchOptions& o) {
@@ -224,6 +274,7 @@ void run_bench(const BenchOptions& o) {
   if (o.decode_stream >= 0) eo.decode_stream = o.decode_stream != 0;
   eo.stream_variant = o.stream_variant;
   eo.moe_variant = o.moe_variant;
+  eo.router_kernel = o.router_kernel;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -361,8 +412,9 @@ void add_bench_command(CLI::App& app) {
                   "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");
   cmd->add_option("--step-trace", o->step_trace,
-                  "write the timeline of a 1-token decode step (CSV) here: the stream kernel's stamps, or with "
-                  "--decode-stream 0 --decode-step-min-tokens 1 the persistent step's items");
+                  "write the timeline of a 1-token decode step (CSV) here: per CTA of the six launches per layer "
+                  "(default; a summary goes to stderr), the persistent step's items (--decode-step-min-tokens 1) "
+                  "or the stream kernel's stamps (--decode-stream 1)");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
   cmd->add_option("--decode-step-min-tokens", o->decode_step_min_tokens,
@@ -376,6 +428,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--stream-variant", o->stream_variant, "experiments: bit 0 = shift-form E2M1 placement in the stream kernel");
   cmd->add_option("--moe-variant", o->moe_variant,
                   "experiments: bit 0 = one-token expert kernels on the bf16 mma path instead of FP8 tensor cores");
+  cmd->add_flag("--router-kernel", o->router_kernel,
+                "one-token steps run the router as its own kernel instead of inside the o-proj (A/B)");
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/attention_decode/attention_decode_body.cuh"
+#include "kernels/common/cta_trace.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/pdl.cuh"
 
@@ -12,8 +13,10 @@ namespace {
 
 template <int D>
 __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
-  const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  body::attn_decode<D>(p, blockIdx.x, blockIdx.y, blockIdx.z, cta, gridDim.x * gridDim.y * gridDim.z, PdlWait{});
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(p.trace, &waited);
+  body::attn_decode<D>(p, blockIdx.x, blockIdx.y, blockIdx.z, TracedPdlWait{st});
+  trace_end(p.trace, st, 1);
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/common/cta_trace.h"
+
 namespace mx::cuda {
 
 constexpr int kAttnDecodeSplits = 32;  // 2049 keys: 17 splits of 128, one 32-key chunk per warp
@@ -29,13 +31,10 @@ struct AttnDecodeParams {
   int* tickets = nullptr;               // [M * Hkv], zero before the first launch; left zero
   int M = 1, Hq = 64, Hkv = 8, D = 64, block_size = 16;
   int window = 0;                       // 0 = full attention
-  // Optional: weights of the next kernel (o-proj) to prefetch into L2 while this latency-bound
-  // kernel leaves HBM idle; slices are spread over all CTAs.
-  const void* l2_prefetch = nullptr;
-  size_t l2_prefetch_bytes = 0;
   // True when each query's own key is the only one the kernel before wrote (one token per sequence
   // in the step): the older keys are then read before pdl_wait.
   bool kv_stable = false;
+  CtaTrace trace;                       // diagnostics (cta_trace.h)
 };
 
 inline size_t attention_decode_scratch_floats(int M, int Hkv, int D) {

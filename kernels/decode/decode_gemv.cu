@@ -2,6 +2,7 @@
 // one grid each (bodies in gemv_body.cuh).
 #include "kernels/decode/decode_gemv.h"
 
+#include "kernels/common/cta_trace.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
@@ -14,18 +15,91 @@ using body::GemvParams;
 
 __global__ void __launch_bounds__(128) qkv_rope_kv_k(QkvRopeKvParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
-  body::qkv_rope_kv<body::kQkvSplit>(p, blockIdx.x, red, PdlWait{});
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(p.trace, &waited);
+  body::qkv_rope_kv<body::kQkvSplit>(p, blockIdx.x, red, TracedPdlWait{st});
+  trace_end(p.trace, st, 0);
 }
 
 __global__ void __launch_bounds__(128) router_k(RouterParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
-  body::router<body::kRouterSplit>(p, blockIdx.x, blockIdx.y, red, PdlWait{});
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(p.trace, &waited);
+  body::router<body::kRouterSplit>(p, blockIdx.x, blockIdx.y, red, TracedPdlWait{st});
+  trace_end(p.trace, st, 3);
 }
 
 template <int KSPLIT, int U = 4>
-__global__ void __launch_bounds__(128) gemv_k(GemvParams p) {
+__global__ void __launch_bounds__(128) gemv_k(GemvParams p, CtaTrace tr) {
   __shared__ float red[body::kWarps * 32 * 4];
-  body::gemv<KSPLIT, U>(p, blockIdx.x, red, PdlWait{});
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(tr, &waited);
+  body::gemv<KSPLIT, U>(p, blockIdx.x, red, TracedPdlWait{st});
+  trace_end(tr, st, 2);
+}
+
+// One token, one 16-row tile per CTA (KSPLIT warps): the o-proj, then the router's partial sums over
+// the tile's rows (OProjRouterParams). Thread e holds expert e's router weights times gamma for the
+// 16 rows, loaded before the wait.
+__global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
+  static_assert(body::kWarps / body::kOprojSplit == 1, "one tile per CTA");
+  extern __shared__ __align__(16) uint16_t xs[];
+  __shared__ float red[body::kWarps * 32 * 4];
+  __shared__ float hs[16];
+  __shared__ unsigned long long waited;
+  const OProjParams& o = p.o;
+  const CtaStamps st = trace_begin(o.trace, &waited);
+  body::PlainTile<body::kOprojSplit, body::kOprojU> pt(o.w, o.N, o.K, blockIdx.x);
+  const int e = threadIdx.x, r0 = blockIdx.x * 16;
+  float wg[16];
+  if (e < p.E && r0 + 16 <= o.N && o.N % 8 == 0) {  // 16-byte aligned rows
+    const uint4* wr = reinterpret_cast<const uint4*>(p.router_w + size_t(e) * o.N + r0);
+    const uint4* gr = reinterpret_cast<const uint4*>(p.norm_w + r0);
+    const uint4 w0 = wr[0], w1 = wr[1], g0 = gr[0], g1 = gr[1];
+    const uint32_t w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+    const uint32_t gg[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      wg[2 * j] = bf16_lo(w[j]) * bf16_lo(gg[j]);  // exact: bf16 x bf16 fits in fp32
+      wg[2 * j + 1] = bf16_hi(w[j]) * bf16_hi(gg[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      wg[j] = e < p.E && r0 + j < o.N ? bf(p.router_w[size_t(e) * o.N + r0 + j]) * bf(p.norm_w[r0 + j]) : 0.f;
+  }
+  TracedPdlWait{st}();
+  stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, false, xs);
+  __syncthreads();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  if (pt.run(xs, 1, o.K, red, c) && (threadIdx.x & 3) == 0) {  // lanes (g, 0): token 0, rows g and g + 8
+    const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = r0 + g + 8 * i;
+      float h = 0.f;
+      if (r < o.N) {
+        h = o.x[r] + c[2 * i] + (o.bias ? bf(o.bias[r]) : 0.f);
+        o.x[r] = h;
+      }
+      hs[g + 8 * i] = h;
+    }
+  }
+  __syncthreads();
+  if (e < p.E) {
+    float a = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a = fmaf(wg[j], hs[j], a);
+    // |a| < 2^27 keeps 128 tiles' sum inside int64 at 2^28 (saturated, never wrapped).
+    const long long q = __float2ll_rn(fminf(fmaxf(a, -134217728.f), 134217728.f) * kRouteAccScale);
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.route_acc + e), static_cast<unsigned long long>(q));
+  }
+  if (threadIdx.x == 0) {
+    float ss = 0.f;
+    for (int j = 0; j < 16; ++j) ss = fmaf(hs[j], hs[j], ss);
+    p.ss_part[blockIdx.x] = ss;
+  }
+  trace_end(o.trace, st, 2);
 }
 
 __global__ void __launch_bounds__(256) final_norm_k(DecodeResidual res, const int32_t* rows, const uint16_t* gamma,
@@ -81,7 +155,16 @@ void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {
   static bool init = (allow_dynamic_smem(gemv_k<body::kOprojSplit, body::kOprojU>), true);
   (void)init;
   launch_pdl(gemv_k<body::kOprojSplit, body::kOprojU>, dim3(body::oproj_ctas(p.N)), dim3(128), smem_bytes(p.M, p.K), s,
-             GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true});
+             GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true}, p.trace);
+}
+
+void bf16_o_proj_router_m1(const OProjRouterParams& p, cudaStream_t s) {
+  if (p.o.M != 1) throw_error("bf16_o_proj_router_m1: one token only, got " + std::to_string(p.o.M));
+  if (p.E < 1 || p.E > 128) throw_error("bf16_o_proj_router_m1: 1..128 experts, got " + std::to_string(p.E));
+  if (p.o.K % 32) throw_error("bf16_o_proj_router_m1: K must be a multiple of 32");
+  static bool init = (allow_dynamic_smem(oproj_router_m1_k), true);
+  (void)init;
+  launch_pdl(oproj_router_m1_k, dim3(oproj_router_tiles(p.o.N)), dim3(128), smem_bytes(1, p.o.K), s, p);
 }
 
 void bf16_router(const RouterParams& p, cudaStream_t s) {
@@ -101,7 +184,7 @@ void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, i
   static bool init = (allow_dynamic_smem(gemv_k<body::kLmHeadSplit>), true);
   (void)init;
   launch_pdl(gemv_k<body::kLmHeadSplit>, dim3(body::tiles_ctas((V + 15) / 16, body::kLmHeadSplit)), dim3(128),
-             smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false});
+             smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false}, CtaTrace{});
 }
 
 void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bias, float* y, int M, int N, int K,
@@ -110,7 +193,7 @@ void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   if (K % 32) throw_error("bf16_gemv_small_m: K=" + std::to_string(K) + " must be a multiple of 32");
   static bool init = (allow_dynamic_smem(gemv_k<4>), true);
   (void)init;
-  launch_pdl(gemv_k<4>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s, GemvParams{x, w, bias, y, M, N, K, false});
+  launch_pdl(gemv_k<4>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s, GemvParams{x, w, bias, y, M, N, K, false}, CtaTrace{});
 }
 
 void mxfp4_count_bad_scales(const uint8_t* scales, size_t n, unsigned long long* bad, cudaStream_t s) {

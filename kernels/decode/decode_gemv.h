@@ -12,11 +12,16 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/common/cta_trace.h"
+
 namespace mx::cuda {
 
 constexpr int kDecodeMaxTokens = 8;
 constexpr int kDecodeTopK = 4;
 constexpr int kRouterSplits = 8;  // K slices of the router GEMV, summed by the expert kernels
+// Fixed-point scale of the one-token router's partial sums (OProjRouterParams): integer adds are exact,
+// so the sums do not depend on the order the CTAs finish in.
+constexpr float kRouteAccScale = 268435456.f;  // 2^28
 
 // Residual input of a norm prologue: x + sum_j y_slot[:, j] (y_slot null after attention).
 struct DecodeResidual {
@@ -39,6 +44,7 @@ struct QkvRopeKvParams {
   uint16_t* k_cache = nullptr;       // bf16 [rows, Hkv * D]
   uint16_t* v_cache = nullptr;
   int M = 1, H = 0, Hq = 0, Hkv = 0, D = 64;
+  CtaTrace trace;                    // diagnostics (cta_trace.h)
 };
 void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s);
 
@@ -49,8 +55,25 @@ struct OProjParams {
   const uint16_t* bias = nullptr;
   float* x = nullptr;              // fp32 [M, N]
   int M = 1, N = 0, K = 0;
+  CtaTrace trace;
 };
 void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s);
+
+// One token: the o-proj above, and the router folded into it (RMSNorm is linear up to 1 / rms), so the
+// expert kernels route without a router kernel. With h the new residual and r over the CTA's 16 rows:
+//   route_acc[e] += round(2^28 * sum_r W[e, r] * gamma[r] * h[r])   (int64, exact adds)
+//   ss_part[tile] = sum_r h[r]^2
+// route_acc must be zero before the launch. MoeDecodeParams::route_acc consumes them.
+struct OProjRouterParams {
+  OProjParams o;                       // M must be 1
+  const uint16_t* norm_w = nullptr;    // the MoE's RMSNorm gamma [N]
+  const uint16_t* router_w = nullptr;  // [E, N]
+  long long* route_acc = nullptr;      // [E]
+  float* ss_part = nullptr;            // [oproj_router_tiles(N)]
+  int E = 0;                           // <= 128
+};
+inline int oproj_router_tiles(int N) { return (N + 15) / 16; }
+void bf16_o_proj_router_m1(const OProjRouterParams& p, cudaStream_t s);
 
 // logits = W . rmsnorm(res[m]) + bias as kRouterSplits partial sums [kRouterSplits, M, E] (the bias in
 // slice 0); xn = the normalized rows (bf16 [M, H]).
@@ -63,6 +86,7 @@ struct RouterParams {
   float* logits = nullptr;         // fp32 [kRouterSplits, M, E]
   uint16_t* xn = nullptr;          // bf16 [M, H]
   int M = 1, E = 0, H = 0;
+  CtaTrace trace;
 };
 void bf16_router(const RouterParams& p, cudaStream_t s);
 
@@ -78,9 +102,22 @@ struct MoeDecodeParams {
   int M = 1, E = 0, H = 0, I = 0;
   float alpha = 1.702f, limit = 7.0f;
   int variant = 0;  // experiments (bench --moe-variant): bit 0 one token on the bf16 path, not FP8 tensor cores
+  // One token on the FP8 path with the router folded into the o-proj (bf16_o_proj_router_m1): routing
+  // from route_acc / ss_part instead of router_logits, and the input normalized from h instead of xn.
+  const long long* route_acc = nullptr;   // [E]
+  const float* ss_part = nullptr;         // [ss_parts]
+  int ss_parts = 0;
+  const uint16_t* router_bias = nullptr;  // [E]
+  const uint16_t* norm_w = nullptr;       // [H]
+  const float* h = nullptr;               // fp32 [H]: the residual the norm reads
+  float eps = 1e-5f;
+  CtaTrace trace;   // diagnostics (cta_trace.h): both kernels
 };
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s);
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s);
+// True when these kernels take the one-token FP8 path for p (M == 1, sm_89+, variant bit 0 clear),
+// the path that can route from route_acc.
+bool mxfp4_moe_one_token_fp8(const MoeDecodeParams& p);
 
 // xn[i] = bf16(rmsnorm(res[rows[i]])) for the S sampled rows.
 void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const uint16_t* norm_w, float eps,

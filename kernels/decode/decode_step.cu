@@ -123,7 +123,7 @@ __device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, u
 }
 
 template <int D>
-__device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, int n_attn, unsigned qkv_per_head) {
+__device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, unsigned qkv_per_head) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   AttnDecodeParams a;
@@ -132,9 +132,9 @@ __device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, 
   a.sinks = L.sinks; a.out = p.attn;
   a.partials = p.attn_partials; a.tickets = p.attn_tickets;
   a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
-  a.kv_stable = p.kv_stable;  // no L2 prefetch of o-proj: its items issue their own loads early
+  a.kv_stable = p.kv_stable;
   const int kvh = i % p.Hkv, qi = i / p.Hkv % p.M, split = i / (p.Hkv * p.M);
-  const bool done = attn_decode<D>(a, kvh, qi, split, i, n_attn, FlagWait{cnt + kvh, qkv_per_head});
+  const bool done = attn_decode<D>(a, kvh, qi, split, FlagWait{cnt + kvh, qkv_per_head});
   signal(cnt + kAttnDone, done);
 }
 
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(128, kStepCtasPerSm) decode_step_k(const __gri
       traced(p, l, 0, base + i, [&] { qkv_item<D>(p, l, i, n.fc2); });
     base += n.qkv;
     for (int i = first_item(base); i < n.attn; i += nb)
-      traced(p, l, 1, base + i, [&] { attn_item<D>(p, l, i, n.attn, n.qkv / p.Hkv); });
+      traced(p, l, 1, base + i, [&] { attn_item<D>(p, l, i, n.qkv / p.Hkv); });
     base += n.attn;
     for (int i = first_item(base); i < n.oproj; i += nb) traced(p, l, 2, base + i, [&] { oproj_item<D>(p, l, i); });
     base += n.oproj;

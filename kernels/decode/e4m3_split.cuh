@@ -88,22 +88,49 @@ __device__ __forceinline__ void split4(float a0, float a1, float b0, float b1, u
   lo = e4m3x2(a0 - fa.x, a1 - fa.y) | (e4m3x2(b0 - fb.x, b1 - fb.y) << 16);
 }
 
-// Stages K bf16 values (K % 32 == 0, src 16-byte aligned) at `dst` in shared memory. One thread per
-// (group, word): the four threads of a group are adjacent lanes and share the group's maximum.
+// Sources of stage_split: the 8 bf16 values at k (as floats) of a bf16 row ...
+struct Bf16Src {
+  const uint16_t* src;  // 16-byte aligned
+  __device__ __forceinline__ void operator()(int k, float (&v)[8]) const {
+    const uint4 w = __ldcg(reinterpret_cast<const uint4*>(src + k));
+    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = mma::bf16_lo(ws[j]);
+      v[2 * j + 1] = mma::bf16_hi(ws[j]);
+    }
+  }
+};
+// ... or bf16(gamma * (h * inv)) of an fp32 row h: the RMSNorm the router kernel would have staged
+// (stage.cuh stage_rmsnorm), rounded to bf16 the same way.
+struct NormSrc {
+  const float* h;         // 16-byte aligned
+  const uint16_t* gamma;  // 16-byte aligned
+  float inv;
+  __device__ __forceinline__ void operator()(int k, float (&v)[8]) const {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(h + k)), b = __ldcg(reinterpret_cast<const float4*>(h + k + 4));
+    const uint4 g = *reinterpret_cast<const uint4*>(gamma + k);
+    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t r = mma::pack_bf16x2(mma::bf16_lo(gw[j]) * (x[2 * j] * inv), mma::bf16_hi(gw[j]) * (x[2 * j + 1] * inv));
+      v[2 * j] = mma::bf16_lo(r);
+      v[2 * j + 1] = mma::bf16_hi(r);
+    }
+  }
+};
+
+// Stages K values (K % 32 == 0) from src at `dst` in shared memory. One thread per (group, word):
+// the four threads of a group are adjacent lanes and share the group's maximum.
 // Contains no barrier: __syncthreads before reading.
-__device__ inline void stage_split(const uint16_t* src, int K, uint8_t* dst) {
+template <class Src>
+__device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
   const int groups = K / 32, n = stage_segs(K) * 16;
   for (int i0 = 0; i0 < n; i0 += blockDim.x) {  // whole warps: the shuffles below need every lane
     const int i = i0 + threadIdx.x, G = i >> 2, q = i & 3;
-    uint4 w = make_uint4(0, 0, 0, 0);
-    if (G < groups) w = __ldcg(reinterpret_cast<const uint4*>(src + G * 32 + q * 8));
-    float v[8];
-    const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      v[2 * k] = mma::bf16_lo(ws[k]);
-      v[2 * k + 1] = mma::bf16_hi(ws[k]);
-    }
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (G < groups) src(G * 32 + q * 8, v);
     float m = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
@@ -127,6 +154,7 @@ __device__ inline void stage_split(const uint16_t* src, int K, uint8_t* dst) {
   }
   if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(dst + stage_zero_off(K))[threadIdx.x] = 0u;
 }
+__device__ inline void stage_split(const uint16_t* src, int K, uint8_t* dst) { stage_split_from(Bf16Src{src}, K, dst); }
 
 // Weight loads of one warp's two rows (mma_tile.cuh's pipe, with the raw E8M0 scale bytes).
 template <int U>

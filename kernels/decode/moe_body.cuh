@@ -38,20 +38,13 @@ struct Routing {
 // Top-4 of token n's logits (the sum of `splits` partial rows [splits, M, E]; lowest index on ties, a
 // NaN never wins) and the softmax over the four, by one warp: four rounds of a warp argmax. Every lane
 // gets the result.
-__device__ inline void route_token(const float* logits, int splits, int M, int n, int E, int (&sel)[kTopK],
-                                   float (&wt)[kTopK]) {
+// The top-4 and softmax of the logits v[i] of experts lane + 32 i (E <= 128), every lane gets them.
+__device__ inline void top4_softmax(float (&v)[4], int E, int (&sel)[kTopK], float (&wt)[kTopK]) {
   const int lane = threadIdx.x & 31;
-  float v[4];
   bool used[4];
   for (int i = 0; i < 4; ++i) {
-    const int e = lane + 32 * i;
-    float x = -INFINITY;
-    if (e < E) {
-      x = 0.f;
-      for (int k = 0; k < splits; ++k) x += __ldcg(logits + (size_t(k) * M + n) * E + e);
-    }
-    v[i] = x == x ? x : -INFINITY;
-    used[i] = e >= E;
+    v[i] = v[i] == v[i] ? v[i] : -INFINITY;
+    used[i] = lane + 32 * i >= E;
   }
   float val[kTopK];
   for (int j = 0; j < kTopK; ++j) {
@@ -73,6 +66,40 @@ __device__ inline void route_token(const float* logits, int splits, int M, int n
   float z = 0.f, ex[kTopK];
   for (int j = 0; j < kTopK; ++j) z += (ex[j] = expf(val[j] - val[0]));
   for (int j = 0; j < kTopK; ++j) wt[j] = ex[j] / z;
+}
+
+__device__ inline void route_token(const float* logits, int splits, int M, int n, int E, int (&sel)[kTopK],
+                                   float (&wt)[kTopK]) {
+  const int lane = threadIdx.x & 31;
+  float v[4];
+  for (int i = 0; i < 4; ++i) {
+    const int e = lane + 32 * i;
+    float x = -INFINITY;
+    if (e < E) {
+      x = 0.f;
+      for (int k = 0; k < splits; ++k) x += __ldcg(logits + (size_t(k) * M + n) * E + e);
+    }
+    v[i] = x;
+  }
+  top4_softmax(v, E, sel, wt);
+}
+
+// One token whose router ran in the o-proj (bf16_o_proj_router_m1): 1 / rms from the per-tile sums
+// of squares (added in a fixed order, so every warp gets the same bits), logits = acc / 2^28 / rms +
+// bias, then the top-4. Returns 1 / rms (the expert input's norm). Every lane gets the results.
+__device__ inline float route_token_acc(const MoeDecodeParams& p, int (&sel)[kTopK], float (&wt)[kTopK]) {
+  const int lane = threadIdx.x & 31;
+  float ss = 0.f;
+  for (int i = lane; i < p.ss_parts; i += 32) ss += __ldcg(p.ss_part + i);
+  ss = warp_sum(ss);
+  const float inv = rsqrtf(ss / p.H + p.eps);
+  float v[4];
+  for (int i = 0; i < 4; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < p.E ? float(__ldcg(p.route_acc + e)) * (1.f / kRouteAccScale) * inv + bf(p.router_bias[e]) : -INFINITY;
+  }
+  top4_softmax(v, p.E, sel, wt);
+  return inv;
 }
 
 // One warp per token (route_token), then the distinct experts. Contains __syncthreads: call from

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "kernels/common/cta_trace.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
@@ -20,20 +21,25 @@ template <bool kMul>
 __global__ void __launch_bounds__(128, 3) fc1_k(MoeDecodeParams p) {
   __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
-  pdl_wait();  // the experts to read depend on the router, the kernel just before
-  pdl_launch_dependents();
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(p.trace, &waited);
+  TracedPdlWait{st}();  // the experts to read depend on the router, the kernel just before
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
   if (int(blockIdx.y) < r.count) fc1_swiglu<kMul>(p, r, blockIdx.x, blockIdx.y, red);  // uniform
+  trace_end(p.trace, st, 4);
 }
 
 template <bool kMul>
 __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(p.trace, &waited);
   // The router finished before FC1 passed its own wait, and FC1 lets this kernel launch only after
   // that: routing and the first weight loads overlap FC1's tail; the wait guards FC1's activations.
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
-  if (int(blockIdx.y) < r.count) fc2<kMul>(p, r, blockIdx.x, blockIdx.y, red, PdlWait{});
+  if (int(blockIdx.y) < r.count) fc2<kMul>(p, r, blockIdx.x, blockIdx.y, red, TracedPdlWait{st});
+  trace_end(p.trace, st, 5);
 }
 
 // One token on FP8 tensor cores (e4m3_split.cuh), sm_89+. Same grids and tiles as above; the
@@ -55,16 +61,15 @@ __device__ __forceinline__ T pick4(const T (&v)[kTopK], int j) {
   return j == 0 ? v[0] : j == 1 ? v[1] : j == 2 ? v[2] : v[3];
 }
 
-__global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
-  extern __shared__ __align__(16) uint8_t xst[];
-  pdl_wait();
-  pdl_launch_dependents();
+__device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, const CtaStamps& st) {
+  TracedPdlWait{st}();
   if (!fp8_arch()) return;
   // One token: its four experts are the distinct slots in order, so every warp routes on its own
   // (no barrier before the weight loads).
   int sel[kTopK];
-  float wt[kTopK];
-  route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
+  float wt[kTopK], inv = 0.f;
+  if (p.route_acc) inv = route_token_acc(p, sel, wt);
+  else route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * kMoeWarps + warp, ntiles = I / 8;
@@ -73,7 +78,8 @@ __global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
   const size_t rA = size_t(e) * 2 * I + 2 * i;
   int s0;
   e4m3::Pipe<kM1U> pipe = expert_pipe<1, kM1U, true>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, 0, t, s0);
-  e4m3::stage_split(p.xn, H, xst);
+  if (p.route_acc) e4m3::stage_split_from(e4m3::NormSrc{p.h, p.norm_w, inv}, H, xst);
+  else e4m3::stage_split(p.xn, H, xst);
   __syncthreads();
   const float2 v = e4m3::tile_run(pipe, xst, H, s0);
   if (tile >= ntiles || t != 0) return;
@@ -83,13 +89,20 @@ __global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
   p.act[size_t(j) * I + i] = uint16_t(f32_to_bf16_bits(glu * (up + 1.f)));
 }
 
-__global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
+__global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint8_t xst[];
-  __shared__ float red[kMoeWarps * 32 * 4];
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(p.trace, &waited);
+  fc1_m1(p, xst, st);
+  trace_end(p.trace, st, 4);
+}
+
+__device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, float* red, const CtaStamps& st) {
   if (!fp8_arch()) return;
   int sel[kTopK];
   float wt[kTopK];
-  route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);  // before the wait: see fc2_k
+  if (p.route_acc) route_token_acc(p, sel, wt);  // before the wait: see fc2_k
+  else route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
   constexpr int KSPLIT = kFc2Split;
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -98,8 +111,7 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
   int s0;
   e4m3::Pipe<kM1U> pipe = expert_pipe<KSPLIT, kM1U, true>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
-  pdl_wait();  // FC1's activations
-  pdl_launch_dependents();
+  TracedPdlWait{st}();  // FC1's activations
   e4m3::stage_split(p.act + size_t(j) * I, I, xst);
   __syncthreads();
   const float2 v = e4m3::tile_run(pipe, xst, I, s0);
@@ -110,6 +122,15 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   const int ra = r0 + g, rb = r0 + g + 8;
   if (ra < H) p.y_slot[size_t(j) * H + ra] = w * (c[0] + bf(p.fc2_bias[size_t(e) * H + ra]));
   if (rb < H) p.y_slot[size_t(j) * H + rb] = w * (c[2] + bf(p.fc2_bias[size_t(e) * H + rb]));
+}
+
+__global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
+  extern __shared__ __align__(16) uint8_t xst[];
+  __shared__ float red[kMoeWarps * 32 * 4];
+  __shared__ unsigned long long waited;
+  const CtaStamps st = trace_begin(p.trace, &waited);
+  fc2_m1(p, xst, red, st);
+  trace_end(p.trace, st, 5);
 }
 
 // The one-token FP8 path: sm_89+, unless turned off (MoeDecodeParams::variant bit 0).
@@ -132,8 +153,11 @@ void check(const MoeDecodeParams& p) {
 
 }  // namespace
 
+bool mxfp4_moe_one_token_fp8(const MoeDecodeParams& p) { return use_m1(p); }
+
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
+  if (p.route_acc && !use_m1(p)) throw_error("moe decode: route_acc needs the one-token FP8 path");
   static bool init = (allow_dynamic_smem(fc1_k<false>), allow_dynamic_smem(fc1_k<true>), true);
   (void)init;
   if (use_m1(p)) {
@@ -146,6 +170,7 @@ void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
 
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
+  if (p.route_acc && !use_m1(p)) throw_error("moe decode: route_acc needs the one-token FP8 path");
   static bool init = (allow_dynamic_smem(fc2_k<false>), allow_dynamic_smem(fc2_k<true>), true);
   (void)init;
   if (use_m1(p)) {

@@ -28,6 +28,8 @@
 namespace mx {
 namespace {
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+// Per-op step trace capacity: a one-token layer launches ~1,540 CTAs; later records are dropped.
+constexpr size_t kOpTraceCtasPerLayer = 4096;
 }  // namespace
 
 LayerSizes::LayerSizes(const ModelConfig& c) {
@@ -156,7 +158,8 @@ void CudaRunner::plan_memory() {
       T * k * 4, T * c.num_kv_heads * 4,                                                  // eidx, tickets
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(moe_max_tiles_) * 4, size_t(moe_max_tiles_) * 4, 4,
       T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,
-      cuda::decode_step_counter_words(c.num_layers) * 4, c.num_layers * sizeof(cuda::DecodeStepLayer)};
+      cuda::decode_step_counter_words(c.num_layers) * 4, c.num_layers * sizeof(cuda::DecodeStepLayer),
+      size_t(c.num_layers) * E * 8, size_t(cuda::oproj_router_tiles(int(H))) * 4};  // one-token router sums
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
   // KV: one K and one V array per (full, sliding) layer pair. A block is a page of the full layers
@@ -235,6 +238,8 @@ void CudaRunner::plan_memory() {
   argmax_part_ = f32();
   step_counters_ = reinterpret_cast<unsigned*>(next());
   step_layers_ = reinterpret_cast<cuda::DecodeStepLayer*>(next());
+  route_acc_ = reinterpret_cast<long long*>(next());
+  ss_part_ = f32();
   std::vector<cuda::DecodeStepLayer> sl(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     const DevLayer& d = layers_[l];
@@ -548,8 +553,9 @@ void CudaRunner::set_step_trace(bool on) {
   if (on) {
     const size_t n = cuda::decode_step_items(cuda::kDecodeMaxTokens, c.num_layers, c.hidden_size, c.intermediate_size,
                                              c.num_experts, c.num_heads, c.num_kv_heads, c.head_dim);
-    step_trace_words_ = std::max(n * 4, cuda::decode_stream_trace_words(c.num_layers, sm_count_));
-    MX_CUDA(cudaMalloc(&step_trace_, step_trace_words_ * 8));
+    step_trace_words_ = std::max({n * 4, cuda::decode_stream_trace_words(c.num_layers, sm_count_),
+                                  size_t(c.num_layers) * kOpTraceCtasPerLayer * 4});
+    MX_CUDA(cudaMalloc(&step_trace_, step_trace_words_ * 8 + 8));  // + the per-op cursor
   } else {
     MX_CUDA(cudaFree(step_trace_));
     step_trace_ = nullptr;
@@ -563,8 +569,24 @@ void CudaRunner::set_step_trace(bool on) {
     }
 }
 
+cuda::CtaTrace CudaRunner::op_trace(int layer) const {
+  cuda::CtaTrace t;
+  if (!step_trace_) return t;
+  t.buf = step_trace_;
+  t.cursor = reinterpret_cast<unsigned*>(step_trace_ + step_trace_words_);
+  t.cap = unsigned(step_trace_words_ / 4);
+  t.layer = layer;
+  return t;
+}
+
 std::vector<uint64_t> CudaRunner::last_step_trace() const {
-  std::vector<uint64_t> v(step_trace_items_ * 4);
+  size_t items = step_trace_items_;
+  if (step_trace_kind_ == 2 && step_trace_) {  // per-op records: as many as the cursor says
+    unsigned n = 0;
+    MX_CUDA(cudaMemcpy(&n, step_trace_ + step_trace_words_, sizeof n, cudaMemcpyDeviceToHost));
+    items = std::min<size_t>(n, step_trace_words_ / 4);
+  }
+  std::vector<uint64_t> v(items * 4);
   if (!v.empty()) MX_CUDA(cudaMemcpy(v.data(), step_trace_, v.size() * 8, cudaMemcpyDeviceToHost));
   return v;
 }

@@ -36,6 +36,9 @@ struct CudaEngineOptions {
   bool decode_stream = false;
   int stream_variant = 0;  // experiments (bench --stream-variant): DecodeStepParams::variant
   int moe_variant = 0;     // experiments (bench --moe-variant): MoeDecodeParams::variant
+  // One-token steps on the FP8 expert path fold the router into the o-proj (bf16_o_proj_router_m1);
+  // true keeps the router kernel (bench --router-kernel, A/B and tests).
+  bool router_kernel = false;
 };
 
 struct CudaLoadStats {

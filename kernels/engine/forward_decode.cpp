@@ -33,6 +33,17 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   const double fc1_bytes = touched * double(ls.up_blocks + ls.up_scales + ls.up_bias) / E;
   const double fc2_bytes = touched * double(ls.down_blocks + ls.down_scales + ls.down_bias) / E;
 
+  if (step_trace_) {  // per-op CTA records (cta_trace.h): reset the cursor
+    MX_CUDA(cudaMemsetAsync(step_trace_ + step_trace_words_, 0, 8, s));
+    step_trace_kind_ = 2;
+  }
+  // One token on the FP8 expert path: the router runs inside the o-proj (bf16_o_proj_router_m1), whose
+  // integer sums start from zero.
+  cuda::MoeDecodeParams probe;
+  probe.M = M;
+  probe.variant = opt_.moe_variant;
+  const bool fused_router = cuda::mxfp4_moe_one_token_fp8(probe) && !opt_.router_kernel;
+  if (fused_router) MX_CUDA(cudaMemsetAsync(route_acc_, 0, size_t(c.num_layers) * E * sizeof(long long), s));
   cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, H, s);
   mark("embed", double(M) * H * 2);
   float *xin = xa_, *xout = xb_;
@@ -46,6 +57,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     q.inv_freq = inv_freq_; q.concentration = concentration_;
     q.q_out = qkv_; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
     q.M = M; q.H = H; q.Hq = Hq; q.Hkv = Hkv; q.D = D;
+    q.trace = op_trace(l);
     if (!(skip_ & kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, s);
     mark("qkv_rope_kv", double(ls.qkv_w));
 
@@ -56,10 +68,8 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     a.partials = attn_part_; a.tickets = tickets_;
     a.M = M; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size;
     a.window = c.layer_is_sliding[l] ? c.sliding_window : 0;
-    // o-proj, then the norm and router weights: one contiguous range of the layer's arena.
     a.kv_stable = one_token_per_seq;
-    a.l2_prefetch = L.o_w;
-    a.l2_prefetch_bytes = size_t(reinterpret_cast<const char*>(L.router_b + E) - reinterpret_cast<const char*>(L.o_w));
+    a.trace = op_trace(l);
     if (!(skip_ & kDecodeAttention)) cuda::attention_decode(a, s);
     if (profiling_) {
       double kv = 0;
@@ -70,15 +80,22 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
       mark(a.window ? "attention_sliding" : "attention_full", kv);
     }
 
-    if (!(skip_ & kDecodeOProj)) cuda::bf16_o_proj_residual({attn_, L.o_w, L.o_b, xout, M, H, Hq * D}, s);
-    mark("o_proj_residual", double(ls.o_w));
-
-    cuda::RouterParams r;
-    r.res = {xout, nullptr, nullptr};
-    r.norm_w = L.mlp_norm; r.eps = c.rms_norm_eps; r.w = L.router_w; r.bias = L.router_b;
-    r.logits = router_; r.xn = xn_; r.M = M; r.E = E; r.H = H;
-    if (!(skip_ & kDecodeRouter)) cuda::bf16_router(r, s);
-    mark("router", double(ls.router_w));
+    const cuda::OProjParams op{attn_, L.o_w, L.o_b, xout, M, H, Hq * D, op_trace(l)};
+    if (fused_router) {
+      if (!(skip_ & kDecodeOProj))
+        cuda::bf16_o_proj_router_m1({op, L.mlp_norm, L.router_w, route_acc_ + size_t(l) * E, ss_part_, E}, s);
+      mark("o_proj_residual_router", double(ls.o_w + ls.router_w));
+    } else {
+      if (!(skip_ & kDecodeOProj)) cuda::bf16_o_proj_residual(op, s);
+      mark("o_proj_residual", double(ls.o_w));
+      cuda::RouterParams r;
+      r.res = {xout, nullptr, nullptr};
+      r.norm_w = L.mlp_norm; r.eps = c.rms_norm_eps; r.w = L.router_w; r.bias = L.router_b;
+      r.logits = router_; r.xn = xn_; r.M = M; r.E = E; r.H = H;
+      r.trace = op_trace(l);
+      if (!(skip_ & kDecodeRouter)) cuda::bf16_router(r, s);
+      mark("router", double(ls.router_w));
+    }
 
     cuda::MoeDecodeParams e;
     e.router_logits = router_;
@@ -88,6 +105,12 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     e.xn = xn_; e.act = act_bf_; e.y_slot = ysl_;
     e.M = M; e.E = E; e.H = H; e.I = I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
     e.variant = opt_.moe_variant;
+    if (fused_router) {
+      e.route_acc = route_acc_ + size_t(l) * E;
+      e.ss_part = ss_part_; e.ss_parts = cuda::oproj_router_tiles(H);
+      e.router_bias = L.router_b; e.norm_w = L.mlp_norm; e.h = xout; e.eps = c.rms_norm_eps;
+    }
+    e.trace = op_trace(l);
     if (!(skip_ & kDecodeFc1)) cuda::mxfp4_moe_fc1_swiglu(e, s);
     mark("moe_fc1_swiglu", fc1_bytes);
     if (!(skip_ & kDecodeFc2)) cuda::mxfp4_moe_fc2(e, s);

@@ -115,10 +115,14 @@ class CudaRunner final : public CudaRunnerBase {
   int32_t *eidx_, *tickets_;
   unsigned* step_counters_ = nullptr;               // ready counters of the persistent decode step
   cuda::DecodeStepLayer* step_layers_ = nullptr;    // its per-layer pointers (device)
+  long long* route_acc_ = nullptr;                  // one-token router sums [layers][E] (OProjRouterParams)
+  float* ss_part_ = nullptr;                        // and the sums of squares of the current layer
   unsigned long long* step_trace_ = nullptr;        // diagnostics only: allocated by set_step_trace
   size_t step_trace_items_ = 0;
   size_t step_trace_words_ = 0;                     // its capacity
   int step_trace_kind_ = 0;                         // last_step_trace_kind()
+  // The per-op decode path's CTA records (cta_trace.h) go to step_trace_, behind a cursor after it.
+  cuda::CtaTrace op_trace(int layer) const;
   bool stream_ok_ = false;                          // the one-token stream kernel runs on this GPU and shape
   // grouped-MoE routing scratch (prefill)
   int32_t *moe_counts_, *moe_offsets_, *moe_sorted_tok_, *moe_sorted_slot_, *moe_tile_expert_, *moe_tile_row0_,

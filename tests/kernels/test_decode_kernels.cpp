@@ -149,7 +149,7 @@ TEST(DecodeGemv, OProjAddsToResidual) {
   auto x = random_f32(size_t(M) * N, rng);
   DevBuf<uint16_t> dW(W), db(b), da(a);
   DevBuf<float> dx(x);
-  cuda::bf16_o_proj_residual({da.p, dW.p, db.p, dx.p, M, N, K}, 0);
+  cuda::bf16_o_proj_residual({da.p, dW.p, db.p, dx.p, M, N, K, {}}, 0);
   auto got = dx.get();
   for (int m = 0; m < M; ++m)
     for (int r = 0; r < N; ++r) {
@@ -162,6 +162,46 @@ TEST(DecodeGemv, OProjAddsToResidual) {
       ASSERT_NEAR(got[size_t(m) * N + r], ref, 1e-5 * mag);
     }
 }
+
+// One token: the o-proj as above plus the router's sums (OProjRouterParams), on the residual the kernel
+// wrote. The fixed-point sums round once per 16-row tile: 2^-29 each.
+void check_oproj_router(int N, int K, int E, uint64_t seed) {
+  std::mt19937 rng(seed);
+  auto W = random_bf16(size_t(N) * K, rng), b = random_bf16(N, rng), a = random_bf16(K, rng);
+  auto x = random_f32(N, rng, -4, 4);
+  auto g = random_bf16(N, rng, 0.5f, 1.5f), R = random_bf16(size_t(E) * N, rng);
+  const int tiles = cuda::oproj_router_tiles(N);
+  DevBuf<uint16_t> dW(W), db(b), da(a), dg(g), dR(R);
+  DevBuf<float> dx(x), dss(tiles);
+  DevBuf<long long> dacc(std::vector<long long>(E, 0));
+  dss.poison();
+  cuda::bf16_o_proj_router_m1({{da.p, dW.p, db.p, dx.p, 1, N, K, {}}, dg.p, dR.p, dacc.p, dss.p, E}, 0);
+  auto h = dx.get(); auto ss = dss.get(); auto acc = dacc.get();
+  double ss_ref = 0, ss_got = 0;
+  for (int r = 0; r < N; ++r) {
+    double ref = x[r] + bf16_to_f32(b[r]), mag = 1;
+    for (int k = 0; k < K; ++k) {
+      const double t = double(bf16_to_f32(W[size_t(r) * K + k])) * bf16_to_f32(a[k]);
+      ref += t;
+      mag += std::fabs(t);
+    }
+    ASSERT_NEAR(h[r], ref, 1e-5 * mag) << "N=" << N << " r=" << r;
+    ss_ref += double(h[r]) * h[r];
+  }
+  for (float s : ss) ss_got += s;
+  ASSERT_NEAR(ss_got, ss_ref, 1e-5 * ss_ref) << "N=" << N;
+  for (int e = 0; e < E; ++e) {
+    double ref = 0, mag = 0;
+    for (int r = 0; r < N; ++r) {
+      const double t = double(bf16_to_f32(R[size_t(e) * N + r])) * bf16_to_f32(g[r]) * h[r];
+      ref += t;
+      mag += std::fabs(t);
+    }
+    ASSERT_NEAR(double(acc[e]) / cuda::kRouteAccScale, ref, 1e-5 * mag + tiles * 0x1p-29) << "N=" << N << " e=" << e;
+  }
+}
+TEST(DecodeGemv, OProjRouterOneTokenSums) { check_oproj_router(2880, 4096, 128, 21); }
+TEST(DecodeGemv, OProjRouterOneTokenSumsOddSizes) { check_oproj_router(37, 96, 20, 22); }
 
 TEST(DecodeGemv, RouterLogitsAndNormalizedRows) {
   std::mt19937 rng(5);
@@ -239,7 +279,10 @@ TEST(MoeDecode, Fc2DecodesMxfp4ExactlyEightTokens) { check_fc2_exact(8); }
 
 // variant: MoeDecodeParams::variant. wide: activations of both signs spread over 2^-24 .. 2^8 (the
 // one-token path splits them into e4m3 terms with a scale per 32 values), some exactly zero.
-void check_moe(int M, int E, int H, int I, uint64_t seed, int variant = 0, bool wide = false) {
+// from_acc (one token): the routing comes from the o-proj's router sums (MoeDecodeParams::route_acc)
+// and the input is normalized from an fp32 residual h; the reference's xn and logits are what those
+// sums and h stand for.
+void check_moe(int M, int E, int H, int I, uint64_t seed, int variant = 0, bool wide = false, bool from_acc = false) {
   std::mt19937 rng(seed);
   const float alpha = 1.702f, limit = 7.f;
   auto b1 = random_u8(size_t(E) * 2 * I * H / 2, rng), s1 = random_u8(size_t(E) * 2 * I * H / 32, rng, 118, 124);
@@ -253,6 +296,18 @@ void check_moe(int M, int E, int H, int I, uint64_t seed, int variant = 0, bool 
   }
   auto lg = random_f32(size_t(M) * E, rng, -3, 3);
   if (M > 1) lg[E + 3] = lg[E + 5] = 10.f;  // a tie: the lower index must win
+  std::vector<float> h, ss_part;
+  std::vector<uint16_t> gamma, rbias(E, f32_to_bf16(0.f));
+  std::vector<long long> acc(E);
+  if (from_acc) {
+    h = random_f32(H, rng, -3, 3);
+    gamma = random_bf16(H, rng, 0.5f, 1.5f);
+    ss_part.assign(3, 0.f);
+    for (int k = 0; k < H; ++k) ss_part[k * 3 / H] += h[k] * h[k];
+    const float inv = 1.f / std::sqrt((ss_part[0] + ss_part[1] + ss_part[2]) / H + 1e-5f);
+    for (int k = 0; k < H; ++k) xn[k] = f32_to_bf16(bf16_to_f32(gamma[k]) * (h[k] * inv));
+    for (int e = 0; e < E; ++e) acc[e] = std::llround(double(lg[e]) / inv * cuda::kRouteAccScale);
+  }
   DevBuf<uint8_t> db1(b1), ds1(s1), db2(b2), ds2(s2);
   DevBuf<uint16_t> dbias1(bias1), dbias2(bias2), dxn(xn), dact(size_t(M) * 4 * I);
   DevBuf<float> dlg(lg), dy(size_t(M) * 4 * H);
@@ -261,6 +316,15 @@ void check_moe(int M, int E, int H, int I, uint64_t seed, int variant = 0, bool 
   p.router_logits = dlg.p; p.fc1_blocks = db1.p; p.fc1_scales = ds1.p; p.fc1_bias = dbias1.p;
   p.fc2_blocks = db2.p; p.fc2_scales = ds2.p; p.fc2_bias = dbias2.p; p.xn = dxn.p; p.act = dact.p; p.y_slot = dy.p;
   p.M = M; p.E = E; p.H = H; p.I = I; p.alpha = alpha; p.limit = limit; p.variant = variant;
+  DevBuf<float> dh(from_acc ? h : std::vector<float>(1)), dss(from_acc ? ss_part : std::vector<float>(1));
+  DevBuf<uint16_t> dgamma(from_acc ? gamma : std::vector<uint16_t>(1)), drb(rbias);
+  DevBuf<long long> dacc(acc);
+  if (from_acc) {
+    dxn.poison();  // must not be read
+    p.router_logits = nullptr;
+    p.route_acc = dacc.p; p.ss_part = dss.p; p.ss_parts = 3; p.router_bias = drb.p; p.norm_w = dgamma.p;
+    p.h = dh.p; p.eps = 1e-5f;
+  }
   cuda::mxfp4_moe_fc1_swiglu(p, 0);
   cuda::mxfp4_moe_fc2(p, 0);
   auto act = dact.get(); auto y = dy.get();
@@ -316,6 +380,8 @@ TEST(MoeDecode, Fc1Fc2MatchReferenceOneToken) { check_moe(1, 32, 288, 160, 7); }
 TEST(MoeDecode, Fc1Fc2MatchReferenceOneTokenBf16Path) { check_moe(1, 32, 288, 160, 7, 1); }
 TEST(MoeDecode, Fc1Fc2OneTokenWideRangeActivations) { check_moe(1, 8, 2880, 96, 17, 0, true); }
 TEST(MoeDecode, Fc1Fc2OneTokenOddSizes) { check_moe(1, 4, 96, 32, 18); }
+TEST(MoeDecode, Fc1Fc2OneTokenRoutedFromOProjSums) { check_moe(1, 32, 288, 160, 19, 0, false, true); }
+TEST(MoeDecode, Fc1Fc2OneTokenRoutedFromOProjSumsOddSizes) { check_moe(1, 5, 96, 32, 20, 0, false, true); }
 TEST(MoeDecode, Fc1Fc2MatchReferenceEightTokens) { check_moe(8, 16, 128, 96, 8); }
 TEST(MoeDecode, Fc1Fc2MatchReferenceThreeTokensManyExperts) { check_moe(3, 128, 64, 64, 9); }
 
