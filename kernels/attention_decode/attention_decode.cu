@@ -13,10 +13,9 @@ namespace {
 
 template <int D>
 __global__ void __launch_bounds__(128) attn_decode_k(AttnDecodeParams p) {
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(p.trace, &waited);
-  body::attn_decode<D>(p, blockIdx.x, blockIdx.y, blockIdx.z, TracedPdlWait{st});
-  trace_end(p.trace, st, 1);
+  trace_begin(p.trace);
+  body::attn_decode<D>(p, blockIdx.x, blockIdx.y, blockIdx.z, TracedPdlWait{p.trace.buf});
+  trace_end(p.trace, 1);
 }
 
 }  // namespace

@@ -203,19 +203,22 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     den[h] = dn;
   }
   team.sync();
-  // Four outputs per thread, the splits' values loaded 16 at a time before any is used: the merge is
-  // on the critical path of the layer, and a dependent L2 round trip per split cost ~8 us at 17 splits.
+  // Four outputs per thread, the splits' values loaded kMergeBatch at a time before any is used: the
+  // merge is on the critical path of the layer, and a dependent L2 round trip per split cost ~8 us at
+  // 17 splits. (16 at a time took the kernel to 188 registers, which kept its CTAs from sharing an SM
+  // with two of the qkv kernel's, so they launched later.)
+  constexpr int kMergeBatch = 8;
   for (int i4 = team.tid(); i4 < G * D / 4; i4 += team.size()) {
     const int i = 4 * i4, h = i / D;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int sp0 = 0; sp0 < nsplit; sp0 += 16) {
-      float4 v[16];
+    for (int sp0 = 0; sp0 < nsplit; sp0 += kMergeBatch) {
+      float4 v[kMergeBatch];
 #pragma unroll
-      for (int u = 0; u < 16; ++u)
+      for (int u = 0; u < kMergeBatch; ++u)
         v[u] = sp0 + u < nsplit ? __ldcg(reinterpret_cast<const float4*>(part + size_t(sp0 + u) * stride + 2 * G + i))
                                 : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int u = 0; u < 16; ++u) {
+      for (int u = 0; u < kMergeBatch; ++u) {
         if (sp0 + u >= nsplit) break;
         const float f = fm[sp0 + u][h];
         acc[0] += f * v[u].x;

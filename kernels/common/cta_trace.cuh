@@ -1,4 +1,5 @@
-// Device side of CtaTrace (cta_trace.h).
+// Device side of CtaTrace (cta_trace.h). The stamps live in shared memory so that tracing costs the
+// kernels no registers across their bodies.
 #pragma once
 #include "kernels/common/cta_trace.h"
 #include "kernels/common/pdl.cuh"
@@ -11,38 +12,31 @@ __device__ __forceinline__ unsigned long long trace_ns() {
   return t;
 }
 
-// The stamps of one CTA: entry (thread 0's register) and the wait (shared, written by thread 0).
-struct CtaStamps {
-  unsigned long long entry = 0;
-  unsigned long long* waited = nullptr;  // shared; null when not tracing
-};
-
-__device__ __forceinline__ CtaStamps trace_begin(const CtaTrace& tr, unsigned long long* waited_smem) {
-  CtaStamps s;
-  if (tr.buf) {
-    s.entry = trace_ns();
-    s.waited = waited_smem;
-    if (threadIdx.x == 0) *waited_smem = 0;
-  }
+// This CTA's entry and wait stamps.
+__device__ __forceinline__ unsigned long long* trace_stamps() {
+  __shared__ unsigned long long s[2];
   return s;
 }
 
-__device__ __forceinline__ void trace_waited(const CtaStamps& s) {
-  if (s.waited && threadIdx.x == 0) *s.waited = trace_ns();
+__device__ __forceinline__ void trace_begin(const CtaTrace& tr) {
+  if (tr.buf && threadIdx.x == 0) {
+    trace_stamps()[0] = trace_ns();
+    trace_stamps()[1] = 0;
+  }
 }
 
-// PdlWait that also stamps the wait.
+// PdlWait that also stamps the wait when tracing (buf: CtaTrace::buf).
 struct TracedPdlWait {
-  CtaStamps s;
+  const unsigned long long* buf;
   __device__ __forceinline__ void operator()() const {
     pdl_wait();
-    trace_waited(s);
+    if (buf && threadIdx.x == 0) trace_stamps()[1] = trace_ns();
     pdl_launch_dependents();
   }
 };
 
 // Call from every thread at the kernel's end (a barrier when tracing).
-__device__ __forceinline__ void trace_end(const CtaTrace& tr, const CtaStamps& s, int kind) {
+__device__ __forceinline__ void trace_end(const CtaTrace& tr, int kind) {
   if (!tr.buf) return;
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -52,8 +46,8 @@ __device__ __forceinline__ void trace_end(const CtaTrace& tr, const CtaStamps& s
   const unsigned i = atomicAdd(tr.cursor, 1u);
   if (i >= tr.cap) return;
   unsigned long long* r = tr.buf + size_t(i) * 4;
-  r[0] = s.entry;
-  r[1] = *s.waited;
+  r[0] = trace_stamps()[0];
+  r[1] = trace_stamps()[1];
   r[2] = end;
   r[3] = (sm & 0xffu) | (unsigned(kind) << 8) | (unsigned long long)(tr.layer) << 16;
 }

@@ -15,27 +15,24 @@ using body::GemvParams;
 
 __global__ void __launch_bounds__(128) qkv_rope_kv_k(QkvRopeKvParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(p.trace, &waited);
-  body::qkv_rope_kv<body::kQkvSplit>(p, blockIdx.x, red, TracedPdlWait{st});
-  trace_end(p.trace, st, 0);
+  trace_begin(p.trace);
+  body::qkv_rope_kv<body::kQkvSplit, true>(p, blockIdx.x, red, TracedPdlWait{p.trace.buf});
+  trace_end(p.trace, 0);
 }
 
 __global__ void __launch_bounds__(128) router_k(RouterParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(p.trace, &waited);
-  body::router<body::kRouterSplit>(p, blockIdx.x, blockIdx.y, red, TracedPdlWait{st});
-  trace_end(p.trace, st, 3);
+  trace_begin(p.trace);
+  body::router<body::kRouterSplit, true>(p, blockIdx.x, blockIdx.y, red, TracedPdlWait{p.trace.buf});
+  trace_end(p.trace, 3);
 }
 
 template <int KSPLIT, int U = 4>
 __global__ void __launch_bounds__(128) gemv_k(GemvParams p, CtaTrace tr) {
   __shared__ float red[body::kWarps * 32 * 4];
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(tr, &waited);
-  body::gemv<KSPLIT, U>(p, blockIdx.x, red, TracedPdlWait{st});
-  trace_end(tr, st, 2);
+  trace_begin(tr);
+  body::gemv<KSPLIT, U>(p, blockIdx.x, red, TracedPdlWait{tr.buf});
+  trace_end(tr, 2);
 }
 
 // One token, one 16-row tile per CTA (KSPLIT warps): the o-proj, then the router's partial sums over
@@ -46,9 +43,8 @@ __global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
   extern __shared__ __align__(16) uint16_t xs[];
   __shared__ float red[body::kWarps * 32 * 4];
   __shared__ float hs[16];
-  __shared__ unsigned long long waited;
   const OProjParams& o = p.o;
-  const CtaStamps st = trace_begin(o.trace, &waited);
+  trace_begin(o.trace);
   body::PlainTile<body::kOprojSplit, body::kOprojU> pt(o.w, o.N, o.K, blockIdx.x);
   const int e = threadIdx.x, r0 = blockIdx.x * 16;
   float wg[16];
@@ -68,7 +64,7 @@ __global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
     for (int j = 0; j < 16; ++j)
       wg[j] = e < p.E && r0 + j < o.N ? bf(p.router_w[size_t(e) * o.N + r0 + j]) * bf(p.norm_w[r0 + j]) : 0.f;
   }
-  TracedPdlWait{st}();
+  TracedPdlWait{o.trace.buf}();
   stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, false, xs);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -99,7 +95,7 @@ __global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
     for (int j = 0; j < 16; ++j) ss = fmaf(hs[j], hs[j], ss);
     p.ss_part[blockIdx.x] = ss;
   }
-  trace_end(o.trace, st, 2);
+  trace_end(o.trace, 2);
 }
 
 __global__ void __launch_bounds__(256) final_norm_k(DecodeResidual res, const int32_t* rows, const uint16_t* gamma,

@@ -118,7 +118,7 @@ __device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, u
   q.pos = p.pos; q.slot = L.window ? p.slot_sw : p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
   q.q_out = p.q; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
   q.M = p.M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
-  qkv_rope_kv<kQkvSplit>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
+  qkv_rope_kv<kQkvSplit, false>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
   signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
 }
 
@@ -154,7 +154,7 @@ __device__ __noinline__ void router_item(const DecodeStepParams& p, int l, int i
   r.res = {layer_out(p, l), nullptr, nullptr};
   r.norm_w = L.mlp_norm; r.eps = p.eps; r.w = L.router_w; r.bias = L.router_b;
   r.logits = p.router_logits; r.xn = p.xn; r.M = p.M; r.E = p.E; r.H = p.H;
-  router<kRouterSplit>(r, i % router_x, i / router_x, s_red, FlagWait{cnt + kOprojDone, n_oproj});
+  router<kRouterSplit, false>(r, i % router_x, i / router_x, s_red, FlagWait{cnt + kOprojDone, n_oproj});
   signal(cnt + kRouterDone);
 }
 

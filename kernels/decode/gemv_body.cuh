@@ -50,7 +50,7 @@ __device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s
 }
 
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
-template <int KSPLIT, class Wait>
+template <int KSPLIT, bool kOneTokenNorm, class Wait>
 __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -66,7 +66,7 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   pipe.load(s0);
   wait();
   const bool first = cta == 0;
-  stage_rmsnorm(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
+  stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   tile_bf16_run(pipe, xs + min(g, p.M - 1) * staged_ld(p.H), s0, c);
@@ -154,14 +154,14 @@ __device__ __forceinline__ void for_outputs(const float (&c)[4], int r0, int N, 
 
 // The router is tiny (E rows): CTAs split K too (ks of kRouterSplits) so it spreads over the GPU; the
 // routing prologue of the expert kernels adds the partials in a fixed order.
-template <int KSPLIT, class Wait>
+template <int KSPLIT, bool kOneTokenNorm, class Wait>
 __device__ __forceinline__ void router(const RouterParams& p, int cta, int ks, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   const int segs = p.H / 32;
   PlainTile<KSPLIT> pt(p.w, p.E, p.H, cta, segs * ks / kRouterSplits, segs * (ks + 1) / kRouterSplits);
   wait();
   const bool first = cta == 0 && ks == 0;
-  stage_rmsnorm(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, p.xn);
+  stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, p.xn);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   if (!pt.run(xs, p.M, p.H, red, c)) return;

@@ -21,25 +21,23 @@ template <bool kMul>
 __global__ void __launch_bounds__(128, 3) fc1_k(MoeDecodeParams p) {
   __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(p.trace, &waited);
-  TracedPdlWait{st}();  // the experts to read depend on the router, the kernel just before
+  trace_begin(p.trace);
+  TracedPdlWait{p.trace.buf}();  // the experts to read depend on the router, the kernel just before
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
   if (int(blockIdx.y) < r.count) fc1_swiglu<kMul>(p, r, blockIdx.x, blockIdx.y, red);  // uniform
-  trace_end(p.trace, st, 4);
+  trace_end(p.trace, 4);
 }
 
 template <bool kMul>
 __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(p.trace, &waited);
+  trace_begin(p.trace);
   // The router finished before FC1 passed its own wait, and FC1 lets this kernel launch only after
   // that: routing and the first weight loads overlap FC1's tail; the wait guards FC1's activations.
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
-  if (int(blockIdx.y) < r.count) fc2<kMul>(p, r, blockIdx.x, blockIdx.y, red, TracedPdlWait{st});
-  trace_end(p.trace, st, 5);
+  if (int(blockIdx.y) < r.count) fc2<kMul>(p, r, blockIdx.x, blockIdx.y, red, TracedPdlWait{p.trace.buf});
+  trace_end(p.trace, 5);
 }
 
 // One token on FP8 tensor cores (e4m3_split.cuh), sm_89+. Same grids and tiles as above; the
@@ -61,8 +59,8 @@ __device__ __forceinline__ T pick4(const T (&v)[kTopK], int j) {
   return j == 0 ? v[0] : j == 1 ? v[1] : j == 2 ? v[2] : v[3];
 }
 
-__device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, const CtaStamps& st) {
-  TracedPdlWait{st}();
+__device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, const unsigned long long* tbuf) {
+  TracedPdlWait{tbuf}();
   if (!fp8_arch()) return;
   // One token: its four experts are the distinct slots in order, so every warp routes on its own
   // (no barrier before the weight loads).
@@ -91,13 +89,12 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, c
 
 __global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint8_t xst[];
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(p.trace, &waited);
-  fc1_m1(p, xst, st);
-  trace_end(p.trace, st, 4);
+  trace_begin(p.trace);
+  fc1_m1(p, xst, p.trace.buf);
+  trace_end(p.trace, 4);
 }
 
-__device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, float* red, const CtaStamps& st) {
+__device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, float* red, const unsigned long long* tbuf) {
   if (!fp8_arch()) return;
   int sel[kTopK];
   float wt[kTopK];
@@ -111,7 +108,7 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
   const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
   int s0;
   e4m3::Pipe<kM1U> pipe = expert_pipe<KSPLIT, kM1U, true>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
-  TracedPdlWait{st}();  // FC1's activations
+  TracedPdlWait{tbuf}();  // FC1's activations
   e4m3::stage_split(p.act + size_t(j) * I, I, xst);
   __syncthreads();
   const float2 v = e4m3::tile_run(pipe, xst, I, s0);
@@ -127,10 +124,9 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
 __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint8_t xst[];
   __shared__ float red[kMoeWarps * 32 * 4];
-  __shared__ unsigned long long waited;
-  const CtaStamps st = trace_begin(p.trace, &waited);
-  fc2_m1(p, xst, red, st);
-  trace_end(p.trace, st, 5);
+  trace_begin(p.trace);
+  fc2_m1(p, xst, red, p.trace.buf);
+  trace_end(p.trace, 5);
 }
 
 // The one-token FP8 path: sm_89+, unless turned off (MoeDecodeParams::variant bit 0).

@@ -43,15 +43,67 @@ __device__ __forceinline__ void load8_residual(const ResidualIn& r, int n, int H
     }
 }
 
+// The residual values of one row after the norm's scale `in`: x_out / xn_out when asked, and xs.
+__device__ __forceinline__ void put_normalized(const ResidualIn& r, const uint16_t* gamma, float in, int n, int H, int k,
+                                               int ld, bool permute, uint16_t* xs, bool write_globals,
+                                               uint16_t* xn_out, float (&v)[8]) {
+  if (write_globals && r.x_out) {
+    float4* o = reinterpret_cast<float4*>(r.x_out + size_t(n) * H + k);
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+  const uint4 g = *reinterpret_cast<const uint4*>(gamma + k);
+  const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = bf16_lo(gw[i]) * (v[2 * i] * in);
+    v[2 * i + 1] = bf16_hi(gw[i]) * (v[2 * i + 1] * in);
+  }
+  *reinterpret_cast<uint4*>(xs + n * ld + staged_at(k)) = pack8(v, permute);
+  if (write_globals && xn_out) *reinterpret_cast<uint4*>(xn_out + size_t(n) * H + k) = pack8(v, false);
+}
+
 // xs[n] = bf16(gamma * res[n] / rms(res[n])) for n < M, all threads of the CTA sharing each row so
 // the L2 reads overlap. Also writes the summed residual (x_out) and / or the normalized row (xn_out,
 // bf16 natural order) when asked. Contains __syncthreads: call from every thread.
+// kOneToken: one token's row is read once and kept in registers (the per-op kernels; the persistent
+// step's items leave it out, their register budget has no room for it).
+template <bool kOneToken = false>
 __device__ inline void stage_rmsnorm(const ResidualIn& r, const uint16_t* gamma, float eps, int M, int H, bool permute,
                                      uint16_t* xs, bool write_globals, uint16_t* xn_out) {
   __shared__ float part[32][kMaxDecodeTokens];
   __shared__ float inv[kMaxDecodeTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   const int ld = staged_ld(H), step = blockDim.x * 8;
+  constexpr int kIt = 4;
+  if (kOneToken && M == 1 && H <= kIt * step) {  // one token: the row stays in registers, x and y_slot read once
+    float v[kIt][8];
+    float ss = 0.f;
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int k = threadIdx.x * 8 + it * step;
+      if (k >= H) continue;
+      load8_residual(r, 0, H, k, v[it]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += v[it][i] * v[it][i];
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) part[warp][0] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float tot = 0.f;
+      for (int w = 0; w < nwarps; ++w) tot += part[w][0];
+      inv[0] = rsqrtf(tot / H + eps);
+    }
+    __syncthreads();
+    const float in = inv[0];
+#pragma unroll
+    for (int it = 0; it < kIt; ++it) {
+      const int k = threadIdx.x * 8 + it * step;
+      if (k < H) put_normalized(r, gamma, in, 0, H, k, ld, permute, xs, write_globals, xn_out, v[it]);
+    }
+    return;
+  }
   for (int n = 0; n < M; ++n) {
     float ss = 0.f;
 #pragma unroll 4
@@ -77,21 +129,7 @@ __device__ inline void stage_rmsnorm(const ResidualIn& r, const uint16_t* gamma,
     for (int k = threadIdx.x * 8; k < H; k += step) {
       float v[8];
       load8_residual(r, n, H, k, v);
-      if (write_globals && r.x_out) {
-        float4* o = reinterpret_cast<float4*>(r.x_out + size_t(n) * H + k);
-        o[0] = make_float4(v[0], v[1], v[2], v[3]);
-        o[1] = make_float4(v[4], v[5], v[6], v[7]);
-      }
-      const uint4 g = *reinterpret_cast<const uint4*>(gamma + k);
-      const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v[2 * i] = bf16_lo(gw[i]) * (v[2 * i] * in);
-        v[2 * i + 1] = bf16_hi(gw[i]) * (v[2 * i + 1] * in);
-      }
-      *reinterpret_cast<uint4*>(xs + n * ld + staged_at(k)) = pack8(v, permute);
-      if (write_globals && xn_out)
-        *reinterpret_cast<uint4*>(xn_out + size_t(n) * H + k) = pack8(v, false);
+      put_normalized(r, gamma, in, n, H, k, ld, permute, xs, write_globals, xn_out, v);
     }
   }
 }
