@@ -6,7 +6,8 @@
 //   bf16_router       (rmsnorm prologue, also writes the normalized row for the experts)
 //   mxfp4_moe_fc1_swiglu (top-4 + softmax prologue, bias, clamped SwiGLU)
 //   mxfp4_moe_fc2     (bias, routing weight; per-slot outputs summed by the next consumer's prologue)
-//   (one token on sm_89+: both on FP8 tensor cores, e4m3_split.cuh)
+//   (one token on sm_89+: both on FP8 tensor cores, e4m3_split.cuh, and no router kernel: the o-proj
+//   leaves the router's sums, bf16_o_proj_router_m1, so a layer is five launches)
 // Then final_rmsnorm_bf16 + bf16_lm_head + argmax. All pointers are device pointers.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,5 @@
-// The decode forward: M <= 8 tokens (any mix of sequences), six kernels per layer, or from
+// The decode forward: M <= 8 tokens (any mix of sequences), six kernels per layer (five for one token
+// on the FP8 expert path: the router inside the o-proj), or from
 // decode_step_min_tokens on one persistent kernel (forward_decode_step); one-token steps on the
 // stream kernel when CudaEngineOptions::decode_stream asks for it (opt-in while it is slower).
 // The residual stream ping-pongs between xa_ and xb_: each norm prologue reads x + the previous MoE's
