@@ -23,7 +23,7 @@ __global__ void __launch_bounds__(128) qkv_rope_kv_k(QkvRopeKvParams p) {
 __global__ void __launch_bounds__(128) router_k(RouterParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
   trace_begin(p.trace);
-  body::router<body::kRouterSplit, true>(p, blockIdx.x, blockIdx.y, red, TracedPdlWait{p.trace.buf});
+  body::router<body::kRouterSplit>(p, blockIdx.x, blockIdx.y, red, TracedPdlWait{p.trace.buf});
   trace_end(p.trace, 3);
 }
 

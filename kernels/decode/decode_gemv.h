@@ -116,9 +116,9 @@ struct MoeDecodeParams {
 };
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s);
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s);
-// True when these kernels take the one-token FP8 path for p (M == 1, sm_89+, variant bit 0 clear),
-// the path that can route from route_acc.
-bool mxfp4_moe_one_token_fp8(const MoeDecodeParams& p);
+// True when these kernels take the one-token FP8 path for M tokens and MoeDecodeParams::variant
+// (M == 1, sm_89+, variant bit 0 clear), the path that can route from route_acc.
+bool mxfp4_moe_one_token_fp8(int M, int variant);
 
 // xn[i] = bf16(rmsnorm(res[rows[i]])) for the S sampled rows.
 void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const uint16_t* norm_w, float eps,

@@ -7,6 +7,7 @@
 
 #include "kernels/attention_decode/attention_decode_body.cuh"
 #include "kernels/common/bulk_ring.cuh"
+#include "kernels/common/cta_trace.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/gemv_body.cuh"
 #include "kernels/decode/moe_body.cuh"
@@ -89,15 +90,7 @@ __device__ __forceinline__ void traced(const DecodeStepParams& p, int l, int pha
     s_waited = 0;
   }
   f();
-  if (p.trace && threadIdx.x == 0) {
-    unsigned sm;
-    asm("mov.u32 %0, %smid;" : "=r"(sm));
-    unsigned long long* r = p.trace + size_t(g) * 4;
-    r[0] = t0;
-    r[1] = s_waited;
-    r[2] = ring::global_ns();
-    r[3] = sm | unsigned(phase) << 8 | unsigned(l) << 16;
-  }
+  if (p.trace && threadIdx.x == 0) write_trace_record(p.trace + size_t(g) * 4, t0, s_waited, phase, l);
 }
 
 __device__ __forceinline__ unsigned* layer_counters(const DecodeStepParams& p, int l) {
@@ -154,7 +147,7 @@ __device__ __noinline__ void router_item(const DecodeStepParams& p, int l, int i
   r.res = {layer_out(p, l), nullptr, nullptr};
   r.norm_w = L.mlp_norm; r.eps = p.eps; r.w = L.router_w; r.bias = L.router_b;
   r.logits = p.router_logits; r.xn = p.xn; r.M = p.M; r.E = p.E; r.H = p.H;
-  router<kRouterSplit, false>(r, i % router_x, i / router_x, s_red, FlagWait{cnt + kOprojDone, n_oproj});
+  router<kRouterSplit>(r, i % router_x, i / router_x, s_red, FlagWait{cnt + kOprojDone, n_oproj});
   signal(cnt + kRouterDone);
 }
 

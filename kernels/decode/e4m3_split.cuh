@@ -175,32 +175,23 @@ __device__ __forceinline__ float2 tile_run(Pipe<U>& p, const uint8_t* xst, int K
   const int xstride = has_b ? kSegBytes : 0, xhalf = has_b ? 128 : 0;
   const int8_t* xsg = reinterpret_cast<const int8_t*>(xst + stage_xs_off(K));
   float2 acc = make_float2(0.f, 0.f);
-  for (int s = s0; s < p.s1; s += U) {
-    uint4 wa[U], wb[U];
-    uint32_t sa[U], sb[U];
+  mma::for_each_segment(p, s0, [&](int s, const uint4& wa, const uint4& wb, uint32_t sa, uint32_t sb) {
+    const uint8_t* xq = xb + s * xstride;
+    const uint4 x01 = *reinterpret_cast<const uint4*>(xq), x23 = *reinterpret_cast<const uint4*>(xq + xhalf);
+    const int xs = xsg[min(4 * s + t, p.groups - 1)];
+    const uint32_t a[4] = {wa.x, wa.y, wa.z, wa.w}, b[4] = {wb.x, wb.y, wb.z, wb.w};
+    const uint32_t bx[8] = {x01.x, x01.y, x01.z, x01.w, x23.x, x23.y, x23.z, x23.w};
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int u = 0; u < U; ++u) { wa[u] = p.wa[u]; wb[u] = p.wb[u]; sa[u] = p.ma[u]; sb[u] = p.mb[u]; }
-    if (s + U < p.s1) p.load(s + U);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (s + u >= p.s1) break;  // uniform across the warp
-      const uint8_t* xq = xb + (s + u) * xstride;
-      const uint4 x01 = *reinterpret_cast<const uint4*>(xq), x23 = *reinterpret_cast<const uint4*>(xq + xhalf);
-      const int xs = xsg[min(4 * (s + u) + t, p.groups - 1)];
-      const uint32_t a[4] = {wa[u].x, wa[u].y, wa[u].z, wa[u].w}, b[4] = {wb[u].x, wb[u].y, wb[u].z, wb[u].w};
-      const uint32_t bx[8] = {x01.x, x01.y, x01.z, x01.w, x23.x, x23.y, x23.z, x23.w};
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint32_t alo, ahi, blo, bhi;
-        e2m1x8_to_e4m3(a[q], alo, ahi);
-        e2m1x8_to_e4m3(b[q], blo, bhi);
-        mma_16832(c, alo, blo, ahi, bhi, bx[2 * q], bx[2 * q + 1]);
-      }
-      acc.x = fmaf(c[0] + c[1], block_factor(sa[u], xs), acc.x);
-      acc.y = fmaf(c[2] + c[3], block_factor(sb[u], xs), acc.y);
+    for (int q = 0; q < 4; ++q) {
+      uint32_t alo, ahi, blo, bhi;
+      e2m1x8_to_e4m3(a[q], alo, ahi);
+      e2m1x8_to_e4m3(b[q], blo, bhi);
+      mma_16832(c, alo, blo, ahi, bhi, bx[2 * q], bx[2 * q + 1]);
     }
-  }
+    acc.x = fmaf(c[0] + c[1], block_factor(sa, xs), acc.x);
+    acc.y = fmaf(c[2] + c[3], block_factor(sb, xs), acc.y);
+  });
   // Lane t summed the groups t, t + 4, ...: add the four.
 #pragma unroll
   for (int o = 1; o <= 2; o <<= 1) {

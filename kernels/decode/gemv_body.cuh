@@ -154,14 +154,14 @@ __device__ __forceinline__ void for_outputs(const float (&c)[4], int r0, int N, 
 
 // The router is tiny (E rows): CTAs split K too (ks of kRouterSplits) so it spreads over the GPU; the
 // routing prologue of the expert kernels adds the partials in a fixed order.
-template <int KSPLIT, bool kOneTokenNorm, class Wait>
+template <int KSPLIT, class Wait>
 __device__ __forceinline__ void router(const RouterParams& p, int cta, int ks, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   const int segs = p.H / 32;
   PlainTile<KSPLIT> pt(p.w, p.E, p.H, cta, segs * ks / kRouterSplits, segs * (ks + 1) / kRouterSplits);
   wait();
   const bool first = cta == 0 && ks == 0;
-  stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, p.xn);
+  stage_rmsnorm(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, p.xn);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   if (!pt.run(xs, p.M, p.H, red, c)) return;

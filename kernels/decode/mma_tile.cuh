@@ -185,9 +185,10 @@ struct Mxfp4PipeT {
   }
 };
 
-// c += W[rowA|rowB] . x over 128-value segments [s0, s1) (the last may be partial), p.load(s0) issued.
-template <bool kMul, int U>
-__device__ __forceinline__ void tile_mxfp4_run(Mxfp4PipeT<U>& p, const uint16_t* x_row, int s0, float (&c)[4]) {
+// The MXFP4 pipe's loop over segments [s0, p.s1), p.load(s0) issued: each batch is copied out of the
+// pipe, the next batch's loads are issued, then f(s, wa, wb, ma, mb) runs for each of its segments.
+template <int U, bool kRawScale, class F>
+__device__ __forceinline__ void for_each_segment(Mxfp4PipeT<U, kRawScale>& p, int s0, F f) {
   for (int s = s0; s < p.s1; s += U) {
     uint4 wa[U], wb[U];
     uint32_t ma[U], mb[U];
@@ -197,11 +198,19 @@ __device__ __forceinline__ void tile_mxfp4_run(Mxfp4PipeT<U>& p, const uint16_t*
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (s + u >= p.s1) break;  // uniform across the warp
-      // Lanes past the last group read group (groups - 1)'s x: their A is zero, x must be finite.
-      const int G = min(4 * (s + u) + p.t, p.groups - 1);
-      group_mxfp4<kMul>(wa[u], wb[u], ma[u], mb[u], x_row + G * kGroupStride, c);
+      f(s + u, wa[u], wb[u], ma[u], mb[u]);
     }
   }
+}
+
+// c += W[rowA|rowB] . x over 128-value segments [s0, s1) (the last may be partial), p.load(s0) issued.
+template <bool kMul, int U>
+__device__ __forceinline__ void tile_mxfp4_run(Mxfp4PipeT<U>& p, const uint16_t* x_row, int s0, float (&c)[4]) {
+  for_each_segment(p, s0, [&](int s, const uint4& wa, const uint4& wb, uint32_t ma, uint32_t mb) {
+    // Lanes past the last group read group (groups - 1)'s x: their A is zero, x must be finite.
+    const int G = min(4 * s + p.t, p.groups - 1);
+    group_mxfp4<kMul>(wa, wb, ma, mb, x_row + G * kGroupStride, c);
+  });
 }
 
 // Sum the split-K partials of `ksplit` warps (warps w0 .. w0+ksplit-1 of this CTA) into warp w0.

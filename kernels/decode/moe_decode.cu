@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
 }
 
 // The one-token FP8 path: sm_89+, unless turned off (MoeDecodeParams::variant bit 0).
-bool use_m1(const MoeDecodeParams& p) {
+bool use_m1(int M, int variant) {
   static const bool fp8 = [] {
     int dev = 0, major = 0, minor = 0;
     MX_CUDA(cudaGetDevice(&dev));
@@ -138,8 +138,9 @@ bool use_m1(const MoeDecodeParams& p) {
     MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     return major * 10 + minor >= 89;
   }();
-  return p.M == 1 && fp8 && !(p.variant & 1);
+  return M == 1 && fp8 && !(variant & 1);
 }
+bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M, p.variant); }
 
 void check(const MoeDecodeParams& p) {
   if (p.M < 1 || p.M > kMaxDecodeTokens) throw_error("moe decode: M must be 1..8, got " + std::to_string(p.M));
@@ -149,7 +150,7 @@ void check(const MoeDecodeParams& p) {
 
 }  // namespace
 
-bool mxfp4_moe_one_token_fp8(const MoeDecodeParams& p) { return use_m1(p); }
+bool mxfp4_moe_one_token_fp8(int M, int variant) { return use_m1(M, variant); }
 
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);

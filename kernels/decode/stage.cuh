@@ -66,8 +66,8 @@ __device__ __forceinline__ void put_normalized(const ResidualIn& r, const uint16
 // xs[n] = bf16(gamma * res[n] / rms(res[n])) for n < M, all threads of the CTA sharing each row so
 // the L2 reads overlap. Also writes the summed residual (x_out) and / or the normalized row (xn_out,
 // bf16 natural order) when asked. Contains __syncthreads: call from every thread.
-// kOneToken: one token's row is read once and kept in registers (the per-op kernels; the persistent
-// step's items leave it out, their register budget has no room for it).
+// kOneToken: one token's row is read once and kept in registers (the per-op qkv kernel; the persistent
+// step's items and the router kernel, which one-token steps on sm_89+ do not launch, leave it out).
 template <bool kOneToken = false>
 __device__ inline void stage_rmsnorm(const ResidualIn& r, const uint16_t* gamma, float eps, int M, int H, bool permute,
                                      uint16_t* xs, bool write_globals, uint16_t* xn_out) {

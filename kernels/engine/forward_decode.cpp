@@ -40,10 +40,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   }
   // One token on the FP8 expert path: the router runs inside the o-proj (bf16_o_proj_router_m1), whose
   // integer sums start from zero.
-  cuda::MoeDecodeParams probe;
-  probe.M = M;
-  probe.variant = opt_.moe_variant;
-  const bool fused_router = cuda::mxfp4_moe_one_token_fp8(probe) && !opt_.router_kernel;
+  const bool fused_router = cuda::mxfp4_moe_one_token_fp8(M, opt_.moe_variant) && !opt_.router_kernel;
   if (fused_router) MX_CUDA(cudaMemsetAsync(route_acc_, 0, size_t(c.num_layers) * E * sizeof(long long), s));
   cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, H, s);
   mark("embed", double(M) * H * 2);
