@@ -28,9 +28,12 @@ struct AttnDecodeParams {
   const uint16_t* sinks = nullptr;      // bf16 [Hq]
   uint16_t* out = nullptr;              // bf16 [tokens, Hq * D]
   float* partials = nullptr;            // attention_decode_scratch_floats(M, Hkv, D)
-  int* tickets = nullptr;               // [M * Hkv], zero before the first launch; left zero
+  int* tickets = nullptr;               // [M * Hkv * 8], zero before the first launch; left zero
   int M = 1, Hq = 64, Hkv = 8, D = 64, block_size = 16;
   int window = 0;                       // 0 = full attention
+  // Query heads per CTA (8, 4, 2 or 1): fewer shorten each CTA's chain of dependent math
+  // (attention_decode_body.cuh); see attention_decode_heads_per_cta.
+  int heads_per_cta = 8;
   // True when each query's own key is the only one the kernel before wrote (one token per sequence
   // in the step): the older keys are then read before pdl_wait.
   bool kv_stable = false;
@@ -40,6 +43,13 @@ struct AttnDecodeParams {
 inline size_t attention_decode_scratch_floats(int M, int Hkv, int D) {
   return size_t(M) * Hkv * kAttnDecodeSplits * (2 * kAttnDecodeGroup + kAttnDecodeGroup * D);
 }
+
+// The engine's choice of AttnDecodeParams::heads_per_cta. A sliding layer (128 keys, one split) runs one
+// CTA per query head: 64 short CTAs instead of 8 that each did 8 heads (120b decode step trace: 7.5 ->
+// 3.0 us). A full layer at depth 2048 has 17 splits a KV head; 4 heads a CTA measured best there (12.8
+// us; 8: 13.4, 2: 15.4, 1: 21.0): more CTAs do not fit beside the qkv kernel and start late
+// (docs/perf.md, session 12).
+inline int attention_decode_heads_per_cta(int window) { return window > 0 ? 1 : 4; }
 
 // D must be 16 or 64 and Hq == 8 * Hkv.
 void attention_decode(const AttnDecodeParams& p, cudaStream_t s);

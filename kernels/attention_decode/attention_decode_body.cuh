@@ -31,23 +31,29 @@ struct CtaTeam {
 };
 
 // Scores are kept in log2 units: q is pre-scaled by log2(e) / sqrt(D).
-// CTA (kvh, qi, split). Returns true when
-// this call wrote the final output of (token qi, KV head kvh): the only split, or the last one that
-// merged the others. Contains team barriers (team-uniform returns only).
-template <int D, class Wait, class Team = CtaTeam>
-__device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, int qi, int split,
+// CTA (kvh, hg, qi, split): query heads hg * GH .. hg * GH + GH - 1 of KV head kvh's group. GH < 8
+// reads each K/V row once per head group (from L2 after the first) but shortens the CTA's chain of
+// dependent math, which is what a decode step waits for. Returns true when this call wrote the final
+// output of (token qi, KV head kvh, head group hg): the only split, or the last one that merged the
+// others. Contains team barriers (team-uniform returns only).
+template <int D, int GH, class Wait, class Team = CtaTeam>
+__device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, int hg, int qi, int split,
                                             Wait wait, Team team = {}) {
   constexpr int G = kAttnG, S = kAttnS, kWarps = kAttnWarps;
-  __shared__ float qs[G][D];
-  __shared__ float wm[kWarps][G], wl[kWarps][G], wo[kWarps][G][D];
+  static_assert(G % GH == 0, "head groups split the 8 query heads evenly");
+  __shared__ float qs[GH][D];
+  __shared__ float wm[kWarps][GH], wl[kWarps][GH], wo[kWarps][GH][D];
   __shared__ bool last;
+  const int h0 = hg * GH;  // first query head of the group, within the KV head's 8
   // Rows, positions and block tables come from the step's metadata copy, not from the kernel before.
   const int n = p.rows ? p.rows[qi] : qi;
   const int warp = team.tid() >> 5, lane = team.tid() & 31;
   const int pos = p.pos[n], lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
   const int per = max(kWarps * 32, ((nk + S - 1) / S + 31) & ~31);
   const int nsplit = min(S, (nk + per - 1) / per);
-  if (split >= nsplit && nsplit == 1) return false;  // one split: no partials, no ticket
+  // A split past the context has no keys: it leaves before the wait and is not counted by the ticket,
+  // so the merge does not wait for CTAs that may only get an SM once the kernel before has left.
+  if (split >= nsplit) return false;
   const int begin = lo + split * per, end = min(pos + 1, begin + per);
   const int kvd = p.Hkv * D;
   const int32_t* bt = p.block_tables + p.bt_off[n];
@@ -91,16 +97,16 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
       if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane);
   }
   const float qscale = kLog2e * rsqrtf(float(D));
-  for (int i = team.tid(); i < G * D; i += team.size())
-    qs[i / D][i % D] = p.q[size_t(n) * p.q_stride + size_t(kvh * G) * D + i] * qscale;
+  for (int i = team.tid(); i < GH * D; i += team.size())
+    qs[i / D][i % D] = p.q[size_t(n) * p.q_stride + size_t(kvh * G + h0) * D + i] * qscale;
   team.sync();
 
-  float m[G], l[G], o[G][2];
-  for (int h = 0; h < G; ++h) { m[h] = -INFINITY; l[h] = 0.f; o[h][0] = o[h][1] = 0.f; }
+  float m[GH], l[GH], o[GH][2];
+  for (int h = 0; h < GH; ++h) { m[h] = -INFINITY; l[h] = 0.f; o[h][0] = o[h][1] = 0.f; }
   for (; c0 < end; c0 += kWarps * 32) {
     if (!early || c0 != begin + warp * 32) issue(c0, false);
-    float s[G];
-    for (int h = 0; h < G; ++h) s[h] = 0.f;
+    float s[GH];
+    for (int h = 0; h < GH; ++h) s[h] = 0.f;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       const uint32_t w[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
@@ -108,13 +114,13 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
 #pragma unroll
       for (int u = 0; u < 4; ++u) { kf[2 * u] = __uint_as_float(w[u] << 16); kf[2 * u + 1] = __uint_as_float(w[u] & 0xffff0000u); }
 #pragma unroll
-      for (int h = 0; h < G; ++h)
+      for (int h = 0; h < GH; ++h)
 #pragma unroll
         for (int u = 0; u < 8; ++u) s[h] += qs[h][8 * i + u] * kf[u];
     }
-    float pj[G];
+    float pj[GH];
 #pragma unroll
-    for (int h = 0; h < G; ++h) {
+    for (int h = 0; h < GH; ++h) {
       const float sv = valid ? s[h] : -INFINITY;
       const float mn = fmaxf(m[h], warp_max(sv));  // finite: the chunk has a valid key
       const float corr = exp2f(m[h] - mn);
@@ -128,7 +134,7 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     for (int jj = 0; jj < 32; ++jj) {
       const float v0 = __uint_as_float(vv[jj] << 16), v1 = __uint_as_float(vv[jj] & 0xffff0000u);
 #pragma unroll
-      for (int h = 0; h < G; ++h) {
+      for (int h = 0; h < GH; ++h) {
         const float w = __shfl_sync(0xffffffffu, pj[h], jj);  // zero past nv (invalid keys)
         o[h][0] += w * v0;
         o[h][1] += w * v1;
@@ -136,15 +142,15 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     }
   }
   if (lane == 0)
-    for (int h = 0; h < G; ++h) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
+    for (int h = 0; h < GH; ++h) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
   if (2 * lane < D)
-    for (int h = 0; h < G; ++h) { wo[warp][h][2 * lane] = o[h][0]; wo[warp][h][2 * lane + 1] = o[h][1]; }
+    for (int h = 0; h < GH; ++h) { wo[warp][h][2 * lane] = o[h][0]; wo[warp][h][2 * lane + 1] = o[h][1]; }
   team.sync();
 
   if (nsplit == 1) {  // the whole context in this CTA: normalize with the sink and write out
-    for (int i = team.tid(); i < G * D; i += team.size()) {
+    for (int i = team.tid(); i < GH * D; i += team.size()) {
       const int h = i / D, d = i % D;
-      const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
+      const float sink = bf(p.sinks[kvh * G + h0 + h]) * kLog2e;
       float mx = sink;
       for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
       float acc = 0.f, sum = exp2f(sink - mx);
@@ -153,14 +159,15 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
         acc += f * wo[w][h][d];
         sum += f * wl[w][h];
       }
-      p.out[size_t(n) * p.Hq * D + size_t(kvh * G + h) * D + d] = attn_to_bf(acc / sum);
+      p.out[size_t(n) * p.Hq * D + size_t(kvh * G + h0 + h) * D + d] = attn_to_bf(acc / sum);
     }
     return true;
   }
-  // This split's partial: (max, sum, unnormalized output) per head.
+  // This split's partial: (max, sum, unnormalized output) per head; the head groups write disjoint
+  // entries of the (token, KV head)'s record.
   float* part = p.partials + (size_t(qi) * p.Hkv + kvh) * S * (2 * G + G * D);
   float* mine = part + size_t(split) * (2 * G + G * D);
-  for (int i = team.tid(); begin < end && i < G * D; i += team.size()) {
+  for (int i = team.tid(); i < GH * D; i += team.size()) {
     const int h = i / D, d = i % D;
     float mx = -INFINITY;
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
@@ -171,27 +178,28 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
         acc += f * wo[w][h][d];
         sum += f * wl[w][h];
       }
-    mine[2 * G + i] = acc;
-    if (d == 0) { mine[h] = mx; mine[G + h] = sum; }
+    mine[2 * G + h0 * D + i] = acc;
+    if (d == 0) { mine[h0 + h] = mx; mine[G + h0 + h] = sum; }
   }
   // One acquire-release ticket publishes the team's partial (ordered before it by the barrier) and,
   // for the last split, makes the others' visible: no per-thread fences (~2 us on the critical path).
   team.sync();
-  if (team.tid() == 0) last = atomic_add_acq_rel(&p.tickets[qi * p.Hkv + kvh], 1) == S - 1;
+  int* ticket = p.tickets + (qi * p.Hkv + kvh) * (G / GH) + hg;
+  if (team.tid() == 0) last = atomic_add_acq_rel(ticket, 1) == nsplit - 1;
   team.sync();
   if (!last) return false;
   // Merge the active splits: (max, sum) of all splits into shared memory first, so the output loop
   // issues its S loads together instead of one dependent L2 round trip each.
-  __shared__ float fm[S][G], fl[S][G], den[G];
+  __shared__ float fm[S][GH], fl[S][GH], den[GH];
   const int stride = 2 * G + G * D;
-  for (int i = team.tid(); i < nsplit * G; i += team.size()) {
-    fm[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + i % G);
-    fl[i / G][i % G] = __ldcg(part + size_t(i / G) * stride + G + i % G);
+  for (int i = team.tid(); i < nsplit * GH; i += team.size()) {
+    fm[i / GH][i % GH] = __ldcg(part + size_t(i / GH) * stride + h0 + i % GH);
+    fl[i / GH][i % GH] = __ldcg(part + size_t(i / GH) * stride + G + h0 + i % GH);
   }
   team.sync();
-  if (team.tid() < G) {
+  if (team.tid() < GH) {
     const int h = team.tid();
-    const float sink = bf(p.sinks[kvh * G + h]) * kLog2e;
+    const float sink = bf(p.sinks[kvh * G + h0 + h]) * kLog2e;
     float mx = sink;
     for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
     float dn = exp2f(sink - mx);
@@ -208,14 +216,14 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   // 17 splits. (16 at a time took the kernel to 188 registers, which kept its CTAs from sharing an SM
   // with two of the qkv kernel's, so they launched later.)
   constexpr int kMergeBatch = 8;
-  for (int i4 = team.tid(); i4 < G * D / 4; i4 += team.size()) {
+  for (int i4 = team.tid(); i4 < GH * D / 4; i4 += team.size()) {
     const int i = 4 * i4, h = i / D;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int sp0 = 0; sp0 < nsplit; sp0 += kMergeBatch) {
       float4 v[kMergeBatch];
 #pragma unroll
       for (int u = 0; u < kMergeBatch; ++u)
-        v[u] = sp0 + u < nsplit ? __ldcg(reinterpret_cast<const float4*>(part + size_t(sp0 + u) * stride + 2 * G + i))
+        v[u] = sp0 + u < nsplit ? __ldcg(reinterpret_cast<const float4*>(part + size_t(sp0 + u) * stride + 2 * G + h0 * D + i))
                                 : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int u = 0; u < kMergeBatch; ++u) {
@@ -231,9 +239,9 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     uint2 o;
     o.x = uint32_t(attn_to_bf(acc[0] / dn)) | uint32_t(attn_to_bf(acc[1] / dn)) << 16;
     o.y = uint32_t(attn_to_bf(acc[2] / dn)) | uint32_t(attn_to_bf(acc[3] / dn)) << 16;
-    *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G) * D + i) = o;
+    *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G + h0) * D + i) = o;
   }
-  if (team.tid() == 0) p.tickets[qi * p.Hkv + kvh] = 0;  // ready for the next launch / graph replay
+  if (team.tid() == 0) *ticket = 0;  // ready for the next launch / graph replay
   return true;
 }
 

@@ -127,7 +127,7 @@ __device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, 
   a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
   a.kv_stable = p.kv_stable;
   const int kvh = i % p.Hkv, qi = i / p.Hkv % p.M, split = i / (p.Hkv * p.M);
-  const bool done = attn_decode<D>(a, kvh, qi, split, FlagWait{cnt + kvh, qkv_per_head});
+  const bool done = attn_decode<D, kAttnG>(a, kvh, 0, qi, split, FlagWait{cnt + kvh, qkv_per_head});
   signal(cnt + kAttnDone, done);
 }
 

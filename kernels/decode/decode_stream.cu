@@ -435,7 +435,7 @@ __device__ __noinline__ void attention_items(const DecodeStepParams& p, int l, u
     unsigned long long* waited =
         p.trace ? p.trace + (size_t(l) * gridDim.x + blockIdx.x) * kStreamTraceWords + kStreamAttnWaited : nullptr;
     const AttnWait wait{cnt + kCQkv + kvh, unsigned(s.qkv_per_kv()), waited};
-    if (body::attn_decode<D>(a, kvh, 0, split, wait, AttnTeam{})) {
+    if (body::attn_decode<D, body::kAttnG>(a, kvh, 0, 0, split, wait, AttnTeam{})) {
       AttnTeam{}.sync();  // every thread's output written before the count
       if (threadIdx.x == 0) red_release(cnt + kCAttn, 1);
     }

@@ -155,7 +155,7 @@ void CudaRunner::plan_memory() {
       T * H * 4, T * H * 4, T * c.qkv_dim() * 4, T * E * 4, T * k * 4, T * k * H * 4, S * V * 4, S * 8,
       size_t(c.head_dim) * 2, attn_part,                                                  // floats
       T * H * 2, T * c.q_dim() * 2, T * c.q_dim() * 2, T * k * I * 2, S * H * 2,          // bf16
-      T * k * 4, T * c.num_kv_heads * 4,                                                  // eidx, tickets
+      T * k * 4, T * c.num_kv_heads * cuda::kAttnDecodeGroup * 4,                         // eidx, tickets
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(moe_max_tiles_) * 4, size_t(moe_max_tiles_) * 4, 4,
       T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,
       cuda::decode_step_counter_words(c.num_layers) * 4, c.num_layers * sizeof(cuda::DecodeStepLayer),

@@ -67,6 +67,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     a.M = M; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size;
     a.window = c.layer_is_sliding[l] ? c.sliding_window : 0;
     a.kv_stable = one_token_per_seq;
+    a.heads_per_cta = cuda::attention_decode_heads_per_cta(a.window);
     a.trace = op_trace(l);
     if (!(skip_ & kDecodeAttention)) cuda::attention_decode(a, s);
     if (profiling_) {

@@ -53,6 +53,7 @@ void CudaRunner::forward_prefill(int M, int S, const std::vector<std::array<int,
       a.block_tables = m.bt;
       a.sinks = L.sinks; a.out = attn_; a.partials = attn_part_; a.tickets = tickets_;
       a.M = n_decode; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size; a.window = window;
+      a.heads_per_cta = cuda::attention_decode_heads_per_cta(window);
       cuda::attention_decode(a, s);
     }
     mark("attention", 0);

@@ -401,13 +401,16 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
   }
   DevBuf<uint16_t> dk(kc), dv(vc), ds(sinks), dout(size_t(M) * Hq * D);
   DevBuf<float> dq(q), dpart(cuda::attention_decode_scratch_floats(M, Hkv, D));
-  DevBuf<int32_t> dpos(positions), dbt(bt), dbo(bt_off), dtk(std::vector<int32_t>(size_t(M) * Hkv, 0));
-  for (int rep = 0; rep < 2; ++rep) {  // the second launch checks the tickets were reset
+  DevBuf<int32_t> dpos(positions), dbt(bt), dbo(bt_off), dtk(std::vector<int32_t>(size_t(M) * Hkv * G, 0));
+  // Every head grouping; the second launch of each checks the tickets were reset.
+  for (int run = 0; run < 8; ++run) {
+    const int heads = 8 >> (run / 2);
+    SCOPED_TRACE("heads_per_cta " + std::to_string(heads));
     dout.poison();
     cuda::AttnDecodeParams p;
     p.q = dq.p; p.q_stride = Hq * D; p.k_cache = dk.p; p.v_cache = dv.p; p.pos = dpos.p; p.bt_off = dbo.p;
     p.block_tables = dbt.p; p.sinks = ds.p; p.out = dout.p; p.partials = dpart.p; p.tickets = dtk.p;
-    p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.block_size = bs; p.window = window;
+    p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.block_size = bs; p.window = window; p.heads_per_cta = heads;
     cuda::attention_decode(p, 0);
     auto out = dout.get();
     for (int m = 0; m < M; ++m) {
