@@ -89,15 +89,23 @@ __device__ inline void route_token(const float* logits, int splits, int M, int n
 // bias, then the top-4. Returns 1 / rms (the expert input's norm). Every lane gets the results.
 __device__ inline float route_token_acc(const MoeDecodeParams& p, int (&sel)[kTopK], float (&wt)[kTopK]) {
   const int lane = threadIdx.x & 31;
+  // Every load issued before any is used: one L2 round trip on FC1's critical path, not two.
+  long long acc[4];
+  float bias[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int e = lane + 32 * i;
+    acc[i] = e < p.E ? __ldcg(p.route_acc + e) : 0;
+    bias[i] = e < p.E ? bf(p.router_bias[e]) : 0.f;
+  }
   float ss = 0.f;
   for (int i = lane; i < p.ss_parts; i += 32) ss += __ldcg(p.ss_part + i);
   ss = warp_sum(ss);
   const float inv = rsqrtf(ss / p.H + p.eps);
   float v[4];
-  for (int i = 0; i < 4; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < p.E ? float(__ldcg(p.route_acc + e)) * (1.f / kRouteAccScale) * inv + bf(p.router_bias[e]) : -INFINITY;
-  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    v[i] = lane + 32 * i < p.E ? float(acc[i]) * (1.f / kRouteAccScale) * inv + bias[i] : -INFINITY;
   top4_softmax(v, p.E, sel, wt);
   return inv;
 }
