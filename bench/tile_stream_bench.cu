@@ -14,6 +14,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/decode/mma_tile.cuh"
+
 #define CK(x)                                                                    \
   do {                                                                           \
     cudaError_t e = (x);                                                         \
@@ -30,13 +32,7 @@ constexpr size_t kBlockBytes = size_t(kTiles) * 16 * kRowBytes;
 constexpr size_t kScaleBytes = size_t(kTiles) * 16 * kGroups;
 constexpr size_t kPackedScaleBytes = size_t(kTiles) * kSegs * 64;
 
-__device__ __forceinline__ uint4 ldg_stream(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
+using mx::cuda::mma::ldg_stream;
 
 template <int U, bool kPacked, bool kScales>
 __global__ void __launch_bounds__(128, 3) tile_k(const uint8_t* blocks, const uint8_t* scales, uint32_t* out) {

@@ -1,9 +1,9 @@
-// Decode attention over the paged bf16 KV cache: one CTA per (KV head, token, key split) handles
-// the 8 query heads of its GQA group, so each K/V row is loaded once for all of them. Splits write
-// (max, sum, output) partials; the last CTA of a (token, KV head), found by an atomic ticket, merges
-// them and adds the sink exp(sink - max) to the denominator exactly once. Sliding-window layers
-// simply start at pos - window + 1. A split covers at least 128 keys, so sliding-window layers and
-// short contexts run as one CTA per (token, KV head) that writes its output directly.
+// Decode attention over the paged bf16 KV cache: one CTA per (KV head, head group, token, key split)
+// handles heads_per_cta of the 8 query heads of its GQA group, which share its K/V loads. Splits write
+// (max, sum, output) partials; the last CTA of a (token, KV head, head group), found by an atomic
+// ticket, merges them and adds the sink exp(sink - max) to the denominator exactly once.
+// Sliding-window layers simply start at pos - window + 1. A split covers at least 128 keys, so
+// sliding-window layers and short contexts run as one split that writes its output directly.
 #pragma once
 #include <cstddef>
 #include <cstdint>
