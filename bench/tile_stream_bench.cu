@@ -10,7 +10,6 @@
 // the 50 MB L2 does not hold them. Prints GB/s, mean of the reps.
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
 #include <cuda_runtime.h>
 
