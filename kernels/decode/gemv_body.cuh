@@ -49,6 +49,22 @@ __device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s
   s1 = segs * (kp + 1) / ksplit;
 }
 
+// One token: the attention's older K / V blocks (the whole blocks holding keys [lo, pos)) into L2,
+// one bulk prefetch of a block's K or V rows (all KV heads) per item, items spread over the CTAs.
+__device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int pos = p.pos[0], bs = p.block_size, lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
+  if (pos <= lo) return;
+  const int b0 = lo / bs, nb = (pos - 1) / bs - b0 + 1;
+  const int32_t* bt = p.block_tables + p.bt_off[0];
+  const size_t block_elems = size_t(bs) * p.Hkv * p.D;
+  for (int i = cta; i < 2 * nb; i += gridDim.x) {
+    const uint16_t* base = (i & 1 ? p.v_cache : p.k_cache) + size_t(bt[b0 + i / 2]) * block_elems;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(uint32_t(block_elems * 2)) : "memory");
+  }
+#endif
+}
+
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
 template <int KSPLIT, bool kOneTokenNorm, class Wait>
 __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, float* red, Wait wait) {
@@ -64,6 +80,7 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   split_range(p.H / 32, kp, KSPLIT, s0, s1);
   Bf16PipeT<kQkvU> pipe{{}, {}, p.w + size_t(rA) * p.H, p.w + size_t(rB) * p.H, s1, t};
   pipe.load(s0);
+  if (p.kv_prefetch && threadIdx.x == 0) prefetch_kv_l2(p, cta);
   wait();
   const bool first = cta == 0;
   stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);

@@ -76,7 +76,8 @@ std::vector<float> ref_norm_bf16(const std::vector<float>& res, const std::vecto
   return out;
 }
 
-void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y) {
+// prefetch: with the K / V L2 prefetch of the older keys (a hint: the outputs must not change).
+void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch = false) {
   std::mt19937 rng(3 + D + M);
   const int N = (Hq + 2 * Hkv) * D, rows = 64;
   const float eps = 1e-5f;
@@ -88,13 +89,17 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y) {
   for (int m = 0; m < M; ++m) { pos[m] = 3 + 37 * m; slot[m] = (5 * m + 3) % rows; }
   DevBuf<float> dx(x), dy(y), dxo(size_t(M) * H), dq(size_t(M) * Hq * D), dinv(inv);
   DevBuf<uint16_t> dg(g), dW(W), db(b), dk(size_t(rows) * Hkv * D), dv(size_t(rows) * Hkv * D);
-  DevBuf<int32_t> dpos(pos), dslot(slot);
+  DevBuf<int32_t> dpos(pos), dslot(slot), dbt(std::vector<int32_t>{2, 0, 3, 1}), dbo(std::vector<int32_t>(M, 0));
   dq.poison(); dk.poison(); dv.poison(); dxo.poison();
   cuda::QkvRopeKvParams p;
   p.res = {dx.p, with_y ? dy.p : nullptr, dxo.p};
   p.norm_w = dg.p; p.eps = eps; p.w = dW.p; p.bias = db.p; p.pos = dpos.p; p.slot = dslot.p; p.inv_freq = dinv.p;
   p.concentration = 1.25f; p.q_out = dq.p; p.k_cache = dk.p; p.v_cache = dv.p;
   p.M = M; p.H = H; p.Hq = Hq; p.Hkv = Hkv; p.D = D;
+  if (prefetch) {
+    p.kv_prefetch = true;
+    p.block_tables = dbt.p; p.bt_off = dbo.p; p.block_size = 16; p.window = 0;
+  }
   cuda::bf16_qkv_rope_kv(p, 0);
   auto q = dq.get(); auto kc = dk.get(); auto vc = dv.get(); auto xo = dxo.get();
   std::vector<float> res(x);
@@ -141,6 +146,7 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y) {
 
 TEST(DecodeGemv, QkvRopeKvHeadDim64) { check_qkv(3, 320, 16, 2, 64, true); }
 TEST(DecodeGemv, QkvRopeKvHeadDim16EightTokens) { check_qkv(8, 64, 8, 1, 16, false); }
+TEST(DecodeGemv, QkvRopeKvOneTokenWithKvPrefetch) { check_qkv(1, 320, 16, 2, 64, true, true); }
 
 TEST(DecodeGemv, OProjAddsToResidual) {
   std::mt19937 rng(4);
