@@ -45,13 +45,13 @@ struct QkvRopeKvParams {
   uint16_t* k_cache = nullptr;       // bf16 [rows, Hkv * D]
   uint16_t* v_cache = nullptr;
   int M = 1, H = 0, Hq = 0, Hkv = 0, D = 64;
-  // One token: prefetch the attention's older K / V blocks into L2 while the weights stream. The
+  // One token, full attention: prefetch the older K / V blocks into L2 while the weights stream. The
   // attention CTAs that get an SM only as this kernel's leave then read them from L2 (120b full
-  // layers: attention 13.2 -> 11.1 us; sliding layers: no gain, docs/perf.md, session 13).
+  // layers: attention 13.2 -> 11.1 us; sliding layers gained nothing, docs/perf.md, session 13).
   bool kv_prefetch = false;
   const int32_t* block_tables = nullptr;
   const int32_t* bt_off = nullptr;   // [M]
-  int block_size = 16, window = 0;
+  int block_size = 16;
   CtaTrace trace;                    // diagnostics (cta_trace.h)
 };
 void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s);

@@ -6,6 +6,7 @@
 // CTA = 4 warps; a 16-row tile is computed by KSPLIT warps that split K and add their partials.
 #pragma once
 #include "kernels/common/device_math.cuh"
+#include "kernels/common/l2_prefetch.cuh"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/mma_tile.cuh"
 #include "kernels/decode/stage.cuh"
@@ -49,20 +50,14 @@ __device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s
   s1 = segs * (kp + 1) / ksplit;
 }
 
-// One token: the attention's older K / V blocks (the whole blocks holding keys [lo, pos)) into L2,
-// one bulk prefetch of a block's K or V rows (all KV heads) per item, items spread over the CTAs.
+// One token: the full-attention layer's older K / V blocks (those holding keys [0, pos)) into L2, one
+// prefetch of a block's K or V rows (all KV heads, contiguous) per item, the items spread over the CTAs.
 __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int pos = p.pos[0], bs = p.block_size, lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
-  if (pos <= lo) return;
-  const int b0 = lo / bs, nb = (pos - 1) / bs - b0 + 1;
+  const int pos = p.pos[0], nb = (pos + p.block_size - 1) / p.block_size;
   const int32_t* bt = p.block_tables + p.bt_off[0];
-  const size_t block_elems = size_t(bs) * p.Hkv * p.D;
-  for (int i = cta; i < 2 * nb; i += gridDim.x) {
-    const uint16_t* base = (i & 1 ? p.v_cache : p.k_cache) + size_t(bt[b0 + i / 2]) * block_elems;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"(uint32_t(block_elems * 2)) : "memory");
-  }
-#endif
+  const size_t block_elems = size_t(p.block_size) * p.Hkv * p.D;
+  for (int i = cta; i < 2 * nb; i += gridDim.x)
+    l2_prefetch((i & 1 ? p.v_cache : p.k_cache) + size_t(bt[i / 2]) * block_elems, uint32_t(block_elems * 2));
 }
 
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.

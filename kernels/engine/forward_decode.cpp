@@ -58,7 +58,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     q.trace = op_trace(l);
     if (M == 1 && one_token_per_seq && !sliding(l)) {  // the older keys are final: see QkvRopeKvParams
       q.kv_prefetch = true;
-      q.block_tables = m.bt; q.bt_off = m.bt_off + t0; q.block_size = opt_.block_size; q.window = 0;
+      q.block_tables = m.bt; q.bt_off = m.bt_off + t0; q.block_size = opt_.block_size;
     }
     if (!(skip_ & kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, s);
     mark("qkv_rope_kv", double(ls.qkv_w));

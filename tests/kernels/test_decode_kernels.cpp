@@ -98,7 +98,7 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
   p.M = M; p.H = H; p.Hq = Hq; p.Hkv = Hkv; p.D = D;
   if (prefetch) {
     p.kv_prefetch = true;
-    p.block_tables = dbt.p; p.bt_off = dbo.p; p.block_size = 16; p.window = 0;
+    p.block_tables = dbt.p; p.bt_off = dbo.p; p.block_size = 16;
   }
   cuda::bf16_qkv_rope_kv(p, 0);
   auto q = dq.get(); auto kc = dk.get(); auto vc = dv.get(); auto xo = dxo.get();
