@@ -179,7 +179,7 @@ __device__ __forceinline__ void producer(const DecodeStepParams& p, const Geom& 
       const size_t tile = mxfp4_tile_off(row0 & ~size_t(15), 0, K / 32);  // the tile's first unit
       const int h = int(row0 / 8) & 1;
       f.half_tile(dst, blocks + tile * 16, h, K / 32, 16);
-      f.half_tile(dst + 4 * K, scales + tile, h, K / 32, 1);
+      f.copy(dst + 4 * K, scales + row0 * (K / 32), K / 4);
       f.bias(dst + 4 * K + K / 4, bias, row0, 0);
       f.done(k);
     };
@@ -296,7 +296,7 @@ __device__ __forceinline__ float2 dot8_mxfp4(uint32_t blk, uint32_t scl, uint32_
     const uint32_t oa = at(ra, G), ob = at(rb, G);
     const uint4 wa = ok ? lds128(blk + 16 * oa) : make_uint4(0, 0, 0, 0);
     const uint4 wb = ok ? lds128(blk + 16 * ob) : make_uint4(0, 0, 0, 0);
-    const uint32_t ma = ok ? e8m0_mult(lds_u8(scl + oa)) : 0u, mb = ok ? e8m0_mult(lds_u8(scl + ob)) : 0u;
+    const uint32_t ma = ok ? e8m0_mult(lds_u8(scl + ra * groups + G)) : 0u, mb = ok ? e8m0_mult(lds_u8(scl + rb * groups + G)) : 0u;
     const uint32_t xg = x + uint32_t(min(G, groups - 1)) * kXGroupBytes;  // finite where A is zero
     uint4 xv[4];
 #pragma unroll

@@ -179,8 +179,8 @@ struct Mxfp4PipeT {
         const int o = 64 * (s + u) + t, oa = s + u < full ? o : o - fixA, ob = s + u < full ? o : o - fixB;
         wa[u] = ldg_stream(blkA + oa * 16);
         wb[u] = ldg_stream(blkB + ob * 16);
-        ma[u] = kRawScale ? uint32_t(scA[oa]) : e8m0_mult(scA[oa]);
-        mb[u] = kRawScale ? uint32_t(scB[ob]) : e8m0_mult(scB[ob]);
+        ma[u] = kRawScale ? uint32_t(scA[G]) : e8m0_mult(scA[G]);
+        mb[u] = kRawScale ? uint32_t(scB[G]) : e8m0_mult(scB[G]);
       } else {
         wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
         ma[u] = mb[u] = 0;

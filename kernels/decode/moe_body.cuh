@@ -149,7 +149,7 @@ __device__ __forceinline__ Mxfp4PipeT<U, kRawScale> expert_pipe(const uint8_t* b
   const int groups = K / 32, segs = (groups + 3) / 4;
   s0 = segs * kp / KSPLIT;
   const size_t oA = mxfp4_row_base(rA, groups), oB = mxfp4_row_base(rB, groups);
-  Mxfp4PipeT<U, kRawScale> pipe{{}, {}, {}, {}, blocks + oA * 16, blocks + oB * 16, scales + oA, scales + oB,
+  Mxfp4PipeT<U, kRawScale> pipe{{}, {}, {}, {}, blocks + oA * 16, blocks + oB * 16, scales + rA * groups, scales + rB * groups,
                                 segs * (kp + 1) / KSPLIT, groups, t, groups / kMxfp4SegGroups,
                                 mxfp4_tail_fix(rA, groups), mxfp4_tail_fix(rB, groups)};
   pipe.load(s0);

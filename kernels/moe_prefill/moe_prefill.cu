@@ -148,18 +148,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
     if (s < nsteps) load_stage(s, s);
     cp_async_commit();
   }
-  {  // the tile's scales: kRowsW rows of G bytes, whole packed tiles (contiguous): read in that order
+  {  // the tile's scales: kRowsW rows of G bytes, contiguous in global memory
     const uint8_t* sc = p.scales + (size_t(e) * p.N + n0) * G;
-    const int valid = min(kRowsW, p.N - n0) * G, tile_units = kMxfp4TileRows * G;
-    for (int i = tid; i < kRowsW * G; i += kThreads) {
-      if (i < valid) {
-        int r, gg;
-        mxfp4_tile_at(i % tile_units, G, r, gg);
-        ssm[(i / tile_units * kMxfp4TileRows + r) * Gs + gg] = sc[i];
-      } else {
-        ssm[(i / G) * Gs + i % G] = 127;
-      }
-    }
+    const int valid = min(kRowsW, p.N - n0) * G;
+    for (int i = tid; i < kRowsW * G; i += kThreads) ssm[(i / G) * Gs + i % G] = i < valid ? sc[i] : 127;
   }
 
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(256) pack_tiles_k(uint8_t* blocks, uint8_t* sc
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const size_t o = mxfp4_tile_off(size_t(i / groups), i % groups, groups);
     b[o] = tile_sm[i];
-    sc[o] = ssm[i];
+    sc[i] = ssm[i];
   }
 }
 

@@ -19,7 +19,7 @@ void mxfp4_pack_tiles_ref(uint8_t* blocks, uint8_t* scales, size_t rows, int K) 
     for (int i = 0; i < n; ++i) {
       const size_t o = mxfp4_tile_off(size_t(i / groups), i % groups, groups);
       std::memcpy(tb + o * 16, &b[size_t(i) * 16], 16);
-      ts[o] = sc[i];
+      ts[i] = sc[i];
     }
   }
 }
