@@ -9,7 +9,6 @@
 #include "kernels/common/bulk_ring.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/moe_body.cuh"
-#include "kernels/mxfp4_layout/mxfp4_tiles.h"
 
 namespace mx::cuda {
 namespace {
@@ -132,20 +131,6 @@ struct Fill {
 #pragma unroll 4
     for (uint32_t o = 16 * lane; o < bytes; o += 512) cp_async16(dst + o, s + o, pol);
   }
-  // Rows 8h .. 8h + 7 of the tile-packed MXFP4 tile at `tile` (mxfp4_tiles.h; unit = 16 for blocks,
-  // 1 for scales), as one contiguous half tile: per full segment its 8 rows x 4 units are adjacent
-  // in the tile, and so are the 8 rows of the last segment (groups even: rem is 0 or 2).
-  __device__ void half_tile(uint32_t dst, const uint8_t* tile, int h, int groups, int unit) const {
-    if (skip) return;
-    const int full = groups / kMxfp4SegGroups, rem = groups % kMxfp4SegGroups, seg = 32 * unit;
-    const int bytes = 8 * groups * unit;
-#pragma unroll 4
-    for (int o = 16 * lane; o < bytes; o += 512) {
-      const uint8_t* src = o < full * seg ? tile + (o / seg) * 2 * seg + h * seg + o % seg
-                                          : tile + full * 2 * seg + h * 8 * rem * unit + (o - full * seg);
-      cp_async16(dst + o, src, pol);
-    }
-  }
   __device__ void done(uint32_t k) const { cp_async_arrive(sl.full_bar(k)); }
 };
 
@@ -171,14 +156,11 @@ __device__ __forceinline__ void producer(const DecodeStepParams& p, const Geom& 
       f.bias(dst + bytes, bias, brow, 0);
       f.done(k);
     };
-    // Unit k: eight MXFP4 rows from row0 (a multiple of 8) of a tile-packed [rows, K] matrix as a
-    // half tile (dot8_mxfp4), their scales likewise, their bias chunk.
+    // Unit k: eight MXFP4 rows from row0 of a [rows, K] matrix, their scales, their bias chunk.
     auto experts = [&](const uint8_t* blocks, const uint8_t* scales, const uint16_t* bias, size_t row0, int K) {
       const uint32_t dst = f.take(k);
       stamp_take();
-      const size_t tile = mxfp4_tile_off(row0 & ~size_t(15), 0, K / 32);  // the tile's first unit
-      const int h = int(row0 / 8) & 1;
-      f.half_tile(dst, blocks + tile * 16, h, K / 32, 16);
+      f.copy(dst, blocks + row0 * (K / 2), 4 * K);
       f.copy(dst + 4 * K, scales + row0 * (K / 32), K / 4);
       f.bias(dst + 4 * K + K / 4, bias, row0, 0);
       f.done(k);
@@ -275,28 +257,25 @@ __device__ __forceinline__ float2 dot2_bf16(uint32_t a, uint32_t b, bool has_b, 
   return make_float2(warp_sum(mine ? ra : 0.f), warp_sum(mine ? rb : 0.f));
 }
 
-// Eight MXFP4 rows (a half tile: blocks at `blk`, [segment][8 rows][its groups] x 16 bytes, then their
-// scales at `scl` in the same order, a byte a group; Fill::half_tile) against the staged activations x
-// (MXFP4 order, padded groups). Fragment row g is (row g/2, part
+// Eight MXFP4 rows (blocks at `blk`, K/2 bytes each, then their scales at `scl`, K/32 bytes each)
+// against the staged activations x (MXFP4 order, padded groups). Fragment row g is (row g/2, part
 // g&1) and g + 8 is (row 4 + g/2, part g&1); part p is the 128-value segments p, p + 2, ...; B columns
 // 0 and 1 hold x's parts. Returns, in lanes with t == 0, the dots of rows g/2 and 4 + g/2.
 template <bool kMul>
 __device__ __forceinline__ float2 dot8_mxfp4(uint32_t blk, uint32_t scl, uint32_t x, int K) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, part = g & 1;
   const int groups = K >> 5, segs = (groups + 3) >> 2, steps = (segs + 1) >> 1;
-  const int ra = g >> 1, rb = ra + 4, full = groups >> 2, narrow = 4 - (groups & 3);
-  // Unit offset of group G of half-tile row r: 32 units a segment, 4 a row, fewer in the last segment.
-  auto at = [&](int r, int G) { return uint32_t((G >> 2) * 32 + r * 4 + (G & 3) - ((G >> 2) >= full ? r * narrow : 0)); };
+  const uint32_t ra = uint32_t(g >> 1), rb = ra + 4;
+  const uint32_t a0 = blk + ra * (K >> 1), b0 = blk + rb * (K >> 1), sa = scl + ra * groups, sb = scl + rb * groups;
   // Two accumulators (even / odd steps) halve the chain of dependent mma's.
   float c[4] = {0.f, 0.f, 0.f, 0.f}, d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 2
   for (int s = 0; s < steps; ++s) {
     const int G = 4 * (2 * s + part) + t;
     const bool ok = G < groups;
-    const uint32_t oa = at(ra, G), ob = at(rb, G);
-    const uint4 wa = ok ? lds128(blk + 16 * oa) : make_uint4(0, 0, 0, 0);
-    const uint4 wb = ok ? lds128(blk + 16 * ob) : make_uint4(0, 0, 0, 0);
-    const uint32_t ma = ok ? e8m0_mult(lds_u8(scl + ra * groups + G)) : 0u, mb = ok ? e8m0_mult(lds_u8(scl + rb * groups + G)) : 0u;
+    const uint4 wa = ok ? lds128(a0 + 16 * G) : make_uint4(0, 0, 0, 0);
+    const uint4 wb = ok ? lds128(b0 + 16 * G) : make_uint4(0, 0, 0, 0);
+    const uint32_t ma = ok ? e8m0_mult(lds_u8(sa + G)) : 0u, mb = ok ? e8m0_mult(lds_u8(sb + G)) : 0u;
     const uint32_t xg = x + uint32_t(min(G, groups - 1)) * kXGroupBytes;  // finite where A is zero
     uint4 xv[4];
 #pragma unroll

@@ -2,9 +2,8 @@
 // 8 token columns with mma.sync m16n8k16 (bf16 in, fp32 accumulate), weights as the 16-row A operand
 // ("swap AB"), activations as B from shared memory.
 //
-// The weights are read row-major (bf16, the checkpoint's layout) or tile-packed (MXFP4 experts:
-// kernels/mxfp4_layout/mxfp4_tiles.h, the checkpoint's 16-byte groups in another order). That works
-// because a dot product does not care in which order k is summed: each lane may pick any
+// The weights are read in their checkpoint layout (row-major bf16, or MXFP4 blocks [N, K/32, 16]).
+// That works because a dot product does not care in which order k is summed: each lane may pick any
 // physical k for its fragment slots as long as the lanes sharing a fragment k (same thread-in-group t)
 // agree, and the activations are read with the same mapping. So lane (g, t) streams 16 contiguous bytes
 // of row g and of row g+8 per step:
@@ -159,26 +158,23 @@ __device__ __forceinline__ void group_mxfp4(const uint4& wa, const uint4& wb, ui
   group_mxfp4_x<kMul>(wa, wb, ma, mb, x, c);
 }
 
-// MXFP4 rows: batch = U segments of 128 values (one 16-byte group per lane and row each), read from
-// the tile-packed layout (kernels/mxfp4_layout/mxfp4_tiles.h): blkA / scA point at row A's base
-// (mxfp4_row_base), segment s is 64 units further per segment, and the last, partial segment
-// (s == full) is fixA units nearer. kRawScale: ma / mb hold the E8M0 bytes (the FP8 path applies
-// them itself, e4m3_split.cuh), else the bf16x2 multipliers.
+// MXFP4 rows: batch = U segments of 128 values (one 16-byte group per lane and row each). kRawScale:
+// ma / mb hold the E8M0 bytes (the FP8 path applies them itself, e4m3_split.cuh), else the bf16x2
+// multipliers.
 template <int U_, bool kRawScale = false>
 struct Mxfp4PipeT {
   static constexpr int U = U_;
   uint4 wa[U], wb[U];
   uint32_t ma[U], mb[U];
   const uint8_t *blkA, *blkB, *scA, *scB;
-  int s1, groups, t, full, fixA, fixB;
+  int s1, groups, t;
   __device__ __forceinline__ void load(int s) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int G = 4 * (s + u) + t;
       if (s + u < s1 && G < groups) {
-        const int o = 64 * (s + u) + t, oa = s + u < full ? o : o - fixA, ob = s + u < full ? o : o - fixB;
-        wa[u] = ldg_stream(blkA + oa * 16);
-        wb[u] = ldg_stream(blkB + ob * 16);
+        wa[u] = ldg_stream(blkA + G * 16);
+        wb[u] = ldg_stream(blkB + G * 16);
         ma[u] = kRawScale ? uint32_t(scA[G]) : e8m0_mult(scA[G]);
         mb[u] = kRawScale ? uint32_t(scB[G]) : e8m0_mult(scB[G]);
       } else {

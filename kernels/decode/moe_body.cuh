@@ -8,7 +8,6 @@
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/mma_tile.cuh"
 #include "kernels/decode/stage.cuh"
-#include "kernels/mxfp4_layout/mxfp4_tiles.h"
 
 namespace mx::cuda::body {
 using namespace mma;
@@ -140,18 +139,15 @@ __device__ inline void route_tokens(const float* logits, int splits, int M, int 
   __syncthreads();
 }
 
-// The weight rows (rA, rB) of expert matrix [*, K] in MXFP4 (tile-packed) for split kp of KSPLIT;
-// first batch issued.
+// The weight rows (rA, rB) of expert matrix [*, K] in MXFP4 for split kp of KSPLIT; first batch issued.
 // kRawScale: the scale bytes as they are (the FP8 one-token path, e4m3_split.cuh).
 template <int KSPLIT, int U, bool kRawScale = false>
 __device__ __forceinline__ Mxfp4PipeT<U, kRawScale> expert_pipe(const uint8_t* blocks, const uint8_t* scales, size_t rA,
                                                                 size_t rB, int K, int kp, int t, int& s0) {
   const int groups = K / 32, segs = (groups + 3) / 4;
   s0 = segs * kp / KSPLIT;
-  const size_t oA = mxfp4_row_base(rA, groups), oB = mxfp4_row_base(rB, groups);
-  Mxfp4PipeT<U, kRawScale> pipe{{}, {}, {}, {}, blocks + oA * 16, blocks + oB * 16, scales + rA * groups, scales + rB * groups,
-                                segs * (kp + 1) / KSPLIT, groups, t, groups / kMxfp4SegGroups,
-                                mxfp4_tail_fix(rA, groups), mxfp4_tail_fix(rB, groups)};
+  Mxfp4PipeT<U, kRawScale> pipe{{}, {}, {}, {}, blocks + rA * (K / 2), blocks + rB * (K / 2), scales + rA * groups,
+                     scales + rB * groups, segs * (kp + 1) / KSPLIT, groups, t};
   pipe.load(s0);
   return pipe;
 }

@@ -17,7 +17,6 @@
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
 #include "kernels/decode/decode_stream.h"
-#include "kernels/mxfp4_layout/mxfp4_tiles.h"
 #include "kernels/engine/runner_impl.h"
 #include "kernels/moe_prefill/moe_prefill.h"
 #include "kernels/sampling/sample_filtered.h"
@@ -280,7 +279,6 @@ void CudaRunner::fill_dummy() {
   bf(lm_head_, V * H, 0.05f);
   bf(final_norm_, H, 0.1f, 1.0f);
   const LayerSizes ls(c);
-  // Expert blocks and scales are random bytes, so they need no tile repack (mxfp4_tiles.h).
   for (auto& d : layers_) {
     bf(d.attn_norm, H, 0.1f, 1.0f); bf(d.mlp_norm, H, 0.1f, 1.0f);
     bf(d.qkv_w, ls.qkv_w / 2, 0.03f); bf(d.qkv_b, ls.qkv_b / 2, 0.1f);
@@ -348,12 +346,6 @@ void CudaRunner::upload(const ModelWeights& w) {
     put(d.up_bias, L.gate_up_bias, ls.up_bias);
     put(d.down_blocks, L.down_blocks, ls.down_blocks); put(d.down_scales, L.down_scales, ls.down_scales);
     put(d.down_bias, L.down_bias, ls.down_bias);
-  }
-  // The MXFP4 kernels read the experts tile-packed (mxfp4_tiles.h): repack in place, on the GPU.
-  const size_t E = c.num_experts, I = c.intermediate_size;
-  for (const DevLayer& d : layers_) {
-    cuda::mxfp4_pack_tiles(d.up_blocks, d.up_scales, E * 2 * I, int(H), stream_);
-    cuda::mxfp4_pack_tiles(d.down_blocks, d.down_scales, E * H, int(I), stream_);
   }
   MX_CUDA(cudaStreamSynchronize(stream_));
   for (int i = 0; i < 2; ++i) {

@@ -6,7 +6,6 @@
 #include "kernels/common/async_copy.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/mma_tile.cuh"
-#include "kernels/mxfp4_layout/mxfp4_tiles.h"
 
 namespace mx::cuda {
 namespace {
@@ -115,19 +114,14 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
   const int tid = threadIdx.x;
   const uint8_t* wbase = p.blocks + size_t(e) * p.N * G * 16;
 
-  // Per-thread copy assignments (fixed over K): 2 weight chunks, up to 3 token chunks. The weights
-  // are tile-packed (mxfp4_tiles.h): stage ks's two groups 2 ks + q of a row sit in segment ks / 2,
-  // which is 64 units a segment past the row's base, less wfix in the last, partial segment.
+  // Per-thread copy assignments (fixed over K): 2 weight chunks, up to 3 token chunks.
   const uint8_t* wsrc[2];
-  int wdst[2], wfix[2];
+  int wdst[2];
   for (int i = 0; i < 2; ++i) {
     const int c = tid + i * kThreads, r = c >> 1, q = c & 1;
-    const size_t row = size_t(min(n0 + r, p.N - 1));
-    wsrc[i] = wbase + (mxfp4_row_base(row, G) + q) * 16;
-    wfix[i] = mxfp4_tail_fix(row, G);
+    wsrc[i] = wbase + (size_t(min(n0 + r, p.N - 1)) * G + q) * 16;
     wdst[i] = (q * kRowsW + wslot(r)) * 16;
   }
-  const int full = G / kMxfp4SegGroups;
   constexpr int kXChunks = kTokens * kStep / 8, kXPer = (kXChunks + kThreads - 1) / kThreads;
   const uint16_t* xsrc[kXPer];
   int xdst[kXPer];
@@ -138,9 +132,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
     xdst[i] = (c >> 3) * kTokLd + ch * 8;
   }
   auto load_stage = [&](int ks, int st) {
-    const int seg = ks >> 1, o = seg * 64 + 2 * (ks & 1);
-    for (int i = 0; i < 2; ++i)
-      cp_async16(wsm + st * 2 * kRowsW * 16 + wdst[i], wsrc[i] + (seg < full ? o : o - wfix[i]) * 16);
+    for (int i = 0; i < 2; ++i) cp_async16(wsm + st * 2 * kRowsW * 16 + wdst[i], wsrc[i] + ks * 32);
     for (int i = 0; i < kXPer; ++i)
       if (xsrc[i]) cp_async16(xsm + st * kTokens * kTokLd + xdst[i], xsrc[i] + ks * kStep);
   };

@@ -5,8 +5,7 @@
 //     (mma.sync), MXFP4 dequantized in registers (weights are never expanded in memory). K % 64 == 0.
 //  3. moe_fc2_prefill: y_slot[slot[r]] = gate[r] * (W2[e] . act[r] + b2[e])   (fp32, one row per (token, slot))
 //  4. moe_combine_prefill: resid[t] += sum_j y_slot[t * k + j]   (fixed order: deterministic)
-// MXFP4 layout: the checkpoint's blocks [E, N, K/32, 16] bytes and scales [E, N, K/32] (E8M0, spec 3.4),
-// repacked at load into 16-row tiles (kernels/mxfp4_layout/mxfp4_tiles.h); bias bf16 [E, N].
+// MXFP4 layout (spec 3.4): blocks [E, N, K/32, 16] bytes, scales [E, N, K/32] (E8M0), bias bf16 [E, N].
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -36,8 +35,8 @@ struct MoeRouteParams {
 void moe_route_prefill(const MoeRouteParams& p, cudaStream_t s);
 
 struct MoeGemmPrefillParams {
-  const uint8_t* blocks = nullptr;  // [E, N, K/32, 16], tile-packed
-  const uint8_t* scales = nullptr;  // [E, N, K/32], tile-packed
+  const uint8_t* blocks = nullptr;  // [E, N, K/32, 16]
+  const uint8_t* scales = nullptr;  // [E, N, K/32]
   const uint16_t* bias = nullptr;   // bf16 [E, N]
   const uint16_t* x = nullptr;      // FC1: bf16 [T, K] (gathered by sorted_tok); FC2: act bf16 [T*k, K] (sorted rows)
   const int32_t* sorted_tok = nullptr;
@@ -58,7 +57,7 @@ void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
 // resid fp32 [T, H] += sum_j y_slot[t*k + j]
 void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s);
 
-// CPU reference of the whole block (host pointers, weights in the checkpoint layout): resid[t] += sum_j w * (W2 . swiglu(W1 . x + b1) + b2),
+// CPU reference of the whole block (host pointers): resid[t] += sum_j w * (W2 . swiglu(W1 . x + b1) + b2),
 // with x and the activation rounded to bf16 like the GPU path.
 void moe_prefill_ref(const uint8_t* b1, const uint8_t* s1, const uint16_t* bias1, const uint8_t* b2,
                      const uint8_t* s2, const uint16_t* bias2, const uint16_t* x, const int32_t* idx,

@@ -11,7 +11,6 @@
 
 #include "core/bf16.h"
 #include "core/mxfp4.h"
-#include "kernels/mxfp4_layout/mxfp4_tiles.h"
 
 namespace mx::test {
 
@@ -51,13 +50,6 @@ inline std::vector<uint8_t> random_u8(size_t n, std::mt19937& rng, int lo = 0, i
   std::vector<uint8_t> v(n);
   for (auto& x : v) x = uint8_t(u(rng));
   return v;
-}
-
-// Expert weights uploaded in the checkpoint layout, repacked as the MXFP4 kernels read them
-// (tile-packed, mxfp4_tiles.h): `rows` rows of K values.
-inline void pack_experts(DevBuf<uint8_t>& blocks, DevBuf<uint8_t>& scales, size_t rows, int K) {
-  cuda::mxfp4_pack_tiles(blocks.p, scales.p, rows, K, nullptr);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // Decoded MXFP4 element k of a row (blocks: K/2 bytes, scales: K/32 bytes).

@@ -255,7 +255,6 @@ void check_fc2_exact(int M, int variant = 0) {
   auto blocks = random_u8(size_t(E) * H * I / 2, rng), scales = random_u8(size_t(E) * H * I / 32, rng, 2, 128);
   std::vector<uint16_t> bias(size_t(E) * H, 0);
   DevBuf<uint8_t> db(blocks), ds(scales);
-  pack_experts(db, ds, size_t(E) * H, I);
   DevBuf<uint16_t> dbias(bias), dact(size_t(M) * 4 * I);
   DevBuf<float> dy(size_t(M) * 4 * H);
   // Token n: expert (n % E) first with weight 1 (the others e^-200 below it: weight 0 in fp32).
@@ -316,8 +315,6 @@ void check_moe(int M, int E, int H, int I, uint64_t seed, int variant = 0, bool 
     for (int e = 0; e < E; ++e) acc[e] = std::llround(double(lg[e]) / inv * cuda::kRouteAccScale);
   }
   DevBuf<uint8_t> db1(b1), ds1(s1), db2(b2), ds2(s2);
-  pack_experts(db1, ds1, size_t(E) * 2 * I, H);
-  pack_experts(db2, ds2, size_t(E) * H, I);
   DevBuf<uint16_t> dbias1(bias1), dbias2(bias2), dxn(xn), dact(size_t(M) * 4 * I);
   DevBuf<float> dlg(lg), dy(size_t(M) * 4 * H);
   dact.poison(); dy.poison();

@@ -12,7 +12,6 @@
 
 #include "core/bf16.h"
 #include "kernels/moe_prefill/moe_prefill.h"
-#include "kernels/mxfp4_layout/mxfp4_tiles.h"
 
 namespace mx::cuda {
 namespace {
@@ -98,15 +97,11 @@ TEST_P(MoePrefill, MatchesReference) {
   MoeGemmPrefillParams f;
   f.sorted_tok = r.sorted_tok; f.sorted_slot = r.sorted_slot; f.sorted_w = r.sorted_w; f.offsets = r.offsets;
   f.tile_expert = r.tile_expert; f.tile_row0 = r.tile_row0; f.num_tiles = r.num_tiles; f.max_tiles = max_tiles;
-  // The kernels read the experts tile-packed (mxfp4_tiles.h), the reference the checkpoint layout.
-  uint8_t *b1d = to_dev(b1), *s1d = to_dev(s1), *b2d = to_dev(b2), *s2d = to_dev(s2);
-  mxfp4_pack_tiles(b1d, s1d, size_t(E) * 2 * I, H, nullptr);
-  mxfp4_pack_tiles(b2d, s2d, size_t(E) * H, I, nullptr);
-  f.blocks = b1d; f.scales = s1d; f.bias = to_dev(bias1); f.x = to_dev(x);
+  f.blocks = to_dev(b1); f.scales = to_dev(s1); f.bias = to_dev(bias1); f.x = to_dev(x);
   f.act = dev<uint16_t>(size_t(T) * k * I); f.N = 2 * I; f.K = H;
   moe_fc1_prefill(f, nullptr);
   MoeGemmPrefillParams f2 = f;
-  f2.blocks = b2d; f2.scales = s2d; f2.bias = to_dev(bias2); f2.x = f.act;
+  f2.blocks = to_dev(b2); f2.scales = to_dev(s2); f2.bias = to_dev(bias2); f2.x = f.act;
   f2.y_slot = dev<float>(size_t(T) * k * H); f2.N = H; f2.K = I;
   moe_fc2_prefill(f2, nullptr);
   float* dres = to_dev(resid);
