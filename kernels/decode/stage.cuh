@@ -134,38 +134,21 @@ __device__ inline void stage_rmsnorm(const ResidualIn& r, const uint16_t* gamma,
   }
 }
 
-// One staged chunk: 8 bf16 values of row n at k.
-__device__ __forceinline__ void stage_bf16_chunk(uint4 w, int n, int k, int ld, bool permute, uint16_t* xs) {
-  if (permute) {  // bf16 pairs (0,1)(2,3)(4,5)(6,7) -> (0,4)(1,5)(2,6)(3,7), the MXFP4 order
-    const uint32_t x = __byte_perm(w.x, w.z, 0x5410), y = __byte_perm(w.x, w.z, 0x7632);
-    const uint32_t z = __byte_perm(w.y, w.w, 0x5410), u = __byte_perm(w.y, w.w, 0x7632);
-    w = make_uint4(x, y, z, u);
-  }
-  *reinterpret_cast<uint4*>(xs + n * ld + staged_at(k)) = w;
-}
-
-// xs[n] = src row of token n (bf16, natural order); a null row pointer stages zeros. A thread loads
-// kBatch chunks before it stores any: the staging follows the kernel's wait, and with a store between
-// two loads (the loop before) each chunk could cost its own L2 round trip (the one-token o-proj stages
-// 4 chunks a thread).
+// xs[n] = src row of token n (bf16, natural order); a null row pointer stages zeros.
 template <class RowOf>
 __device__ inline void stage_bf16_rows(RowOf row_of, int M, int K, bool permute, uint16_t* xs) {
-  constexpr int kBatch = 4;
-  const int ld = staged_ld(K), chunks = K / 8, total = M * chunks;
-  for (int i0 = threadIdx.x; i0 < total; i0 += kBatch * blockDim.x) {
-    uint4 ws[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u * blockDim.x;
-      const uint16_t* src = i < total ? row_of(i / chunks) : nullptr;
-      ws[u] = src ? *reinterpret_cast<const uint4*>(src + (i % chunks) * 8) : make_uint4(0, 0, 0, 0);
+  const int ld = staged_ld(K), chunks = K / 8;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < M * chunks; i += blockDim.x) {
+    const int n = i / chunks, k = (i % chunks) * 8;
+    const uint16_t* src = row_of(n);
+    uint4 w = src ? *reinterpret_cast<const uint4*>(src + k) : make_uint4(0, 0, 0, 0);
+    if (permute) {  // bf16 pairs (0,1)(2,3)(4,5)(6,7) -> (0,4)(1,5)(2,6)(3,7), the MXFP4 order
+      const uint32_t x = __byte_perm(w.x, w.z, 0x5410), y = __byte_perm(w.x, w.z, 0x7632);
+      const uint32_t z = __byte_perm(w.y, w.w, 0x5410), u = __byte_perm(w.y, w.w, 0x7632);
+      w = make_uint4(x, y, z, u);
     }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = i0 + u * blockDim.x;
-      if (i >= total) break;
-      stage_bf16_chunk(ws[u], i / chunks, (i % chunks) * 8, ld, permute, xs);
-    }
+    *reinterpret_cast<uint4*>(xs + n * ld + staged_at(k)) = w;
   }
 }
 
