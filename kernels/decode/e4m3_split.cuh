@@ -159,9 +159,10 @@ __device__ __forceinline__ void stage_split_item(float (&v)[8], int G, int q, in
 
 // Stages K values (K % 32 == 0) from src at `dst` in shared memory. One thread per (group, word):
 // the four threads of a group are adjacent lanes and share the group's maximum. A thread's items are
-// taken kBatch at a time with all their loads issued first: the staging sits on the critical path
-// after the kernel's wait, and one dependent L2 round trip per item cost ~0.6 us each (K = 2880 is
-// three items a thread at 128 threads). Contains no barrier: __syncthreads before reading.
+// taken kBatch at a time with all their loads issued first (K = 2880 is three items a thread at 128
+// threads): FC2 stages after its wait, on the layer's critical path, and an L2 round trip per item
+// cost 120b batch-1 decode ~1 % (docs/perf.md, session 16). Contains no barrier: __syncthreads before
+// reading.
 template <int kBatch = 3, class Src>
 __device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
   const int groups = K / 32, n = stage_segs(K) * 16;

@@ -386,6 +386,10 @@ TEST(MoeDecode, Fc1Fc2MatchReferenceOneToken) { check_moe(1, 32, 288, 160, 7); }
 TEST(MoeDecode, Fc1Fc2MatchReferenceOneTokenBf16Path) { check_moe(1, 32, 288, 160, 7, 1); }
 TEST(MoeDecode, Fc1Fc2OneTokenWideRangeActivations) { check_moe(1, 8, 2880, 96, 17, 0, true); }
 TEST(MoeDecode, Fc1Fc2OneTokenOddSizes) { check_moe(1, 4, 96, 32, 18); }
+// K = 4160: the one-token staging (e4m3::stage_split_from) takes two rounds of batched loads, the
+// second partial, and a partial last 128-value segment.
+TEST(MoeDecode, Fc1Fc2OneTokenLongRows) { check_moe(1, 4, 4160, 4160, 21); }
+TEST(MoeDecode, Fc1Fc2OneTokenLongRowsRoutedFromOProjSums) { check_moe(1, 4, 4160, 4160, 22, 0, false, true); }
 TEST(MoeDecode, Fc1Fc2OneTokenRoutedFromOProjSums) { check_moe(1, 32, 288, 160, 19, 0, false, true); }
 TEST(MoeDecode, Fc1Fc2OneTokenRoutedFromOProjSumsOddSizes) { check_moe(1, 5, 96, 32, 20, 0, false, true); }
 TEST(MoeDecode, Fc1Fc2MatchReferenceEightTokens) { check_moe(8, 16, 128, 96, 8); }
