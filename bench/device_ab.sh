@@ -2,7 +2,9 @@
 # One device call for an A/B of builds made on the dev VM: the GPU suite of the candidate, then
 # `mxserve bench` of each build in turn (base, new, base, new, ...) on the same GPU, so that the
 # figures compare on one machine (machines differ by 2-5 %: docs/perf.md). Logs go to $OUT.
-#   BIN     test_kernels and lib/ (default .devrun); each build's mxserve in $BIN/NAME/ (optionally gzipped)
+#   BIN     test_kernels and lib/ (default .devrun); each build's mxserve in $BIN/NAME/ (optionally gzipped).
+#           test_kernels finds tests/data and .assets by the source path it was built from: build it in
+#           this checkout (or link that path to the repo root on the device first)
 #   BUILDS  the builds to bench, in turn (default: base new)
 #   TESTS   gtest filter for the suite, or none (default: every test, with the 120b-width golden)
 #   MODELS  presets (default: 120b 20b); ROUNDS (default 2); TAG: a prefix for the log names

@@ -94,7 +94,7 @@ struct Bf16Src {
   const uint16_t* src;  // 16-byte aligned
   using Raw = uint4;
   __device__ __forceinline__ Raw load(int k) const { return __ldcg(reinterpret_cast<const uint4*>(src + k)); }
-  __device__ __forceinline__ void convert(const Raw& w, int, float (&v)[8]) const {
+  __device__ __forceinline__ void convert(const Raw& w, float (&v)[8]) const {
     const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -117,7 +117,7 @@ struct NormSrc {
     return {__ldcg(reinterpret_cast<const float4*>(h + k)), __ldcg(reinterpret_cast<const float4*>(h + k + 4)),
             *reinterpret_cast<const uint4*>(gamma + k)};
   }
-  __device__ __forceinline__ void convert(const Raw& r, int, float (&v)[8]) const {
+  __device__ __forceinline__ void convert(const Raw& r, float (&v)[8]) const {
     const float4 a = r.a, b = r.b;
     const uint4 g = r.g;
     const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -161,8 +161,8 @@ __device__ __forceinline__ void stage_split_item(float (&v)[8], int G, int q, in
 // the four threads of a group are adjacent lanes and share the group's maximum. A thread's items are
 // taken kBatch at a time with all their loads issued first (K = 2880 is three items a thread at 128
 // threads): FC2 stages after its wait, on the layer's critical path, and an L2 round trip per item
-// cost 120b batch-1 decode ~1 % (docs/perf.md, session 16). Contains no barrier: __syncthreads before
-// reading.
+// cost 120b batch-1 decode ~0.8 % (docs/perf.md, session 16). Contains no barrier: __syncthreads
+// before reading.
 template <int kBatch = 3, class Src>
 __device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
   const int groups = K / 32, n = stage_segs(K) * 16;
@@ -179,7 +179,7 @@ __device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
       if (i0 >= n) break;  // uniform: whole warps, the shuffles below need every lane
       const int i = i0 + threadIdx.x, G = i >> 2, q = i & 3;
       float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (G < groups) src.convert(raw[u], G * 32 + q * 8, v);
+      if (G < groups) src.convert(raw[u], v);
       stage_split_item(v, G, q, groups, i < n, K, dst);
     }
   }
