@@ -97,19 +97,19 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
       if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane);
   }
   // q after the wait (the kernel before wrote it): every thread's loads issued before any store, so
-  // the staging is one L2 round trip (a team is kWarps warps).
+  // the staging is one L2 round trip (a team has at least kWarps warps).
   const float qscale = kLog2e * rsqrtf(float(D));
   constexpr int kQPer = (GH * D + kWarps * 32 - 1) / (kWarps * 32);
   float qv[kQPer];
   const float* qsrc = p.q + size_t(n) * p.q_stride + size_t(kvh * G + h0) * D;
 #pragma unroll
   for (int u = 0; u < kQPer; ++u) {
-    const int i = team.tid() + u * kWarps * 32;
+    const int i = team.tid() + u * team.size();
     qv[u] = i < GH * D ? qsrc[i] : 0.f;
   }
 #pragma unroll
   for (int u = 0; u < kQPer; ++u) {
-    const int i = team.tid() + u * kWarps * 32;
+    const int i = team.tid() + u * team.size();
     if (i < GH * D) qs[i / D][i % D] = qv[u] * qscale;
   }
   team.sync();

@@ -118,10 +118,8 @@ struct NormSrc {
             *reinterpret_cast<const uint4*>(gamma + k)};
   }
   __device__ __forceinline__ void convert(const Raw& r, float (&v)[8]) const {
-    const float4 a = r.a, b = r.b;
-    const uint4 g = r.g;
-    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
+    const float x[8] = {r.a.x, r.a.y, r.a.z, r.a.w, r.b.x, r.b.y, r.b.z, r.b.w};
+    const uint32_t gw[4] = {r.g.x, r.g.y, r.g.z, r.g.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t r = mma::pack_bf16x2(mma::bf16_lo(gw[j]) * (x[2 * j] * inv), mma::bf16_hi(gw[j]) * (x[2 * j + 1] * inv));
@@ -133,8 +131,7 @@ struct NormSrc {
 
 // One stager item: the 8 values v of word q of group G (zeros past the last group) -> their (hi, lo)
 // e4m3 terms at dst, and the group's scale byte. Every lane of the warp must call it (shuffles).
-__device__ __forceinline__ void stage_split_item(float (&v)[8], int G, int q, int groups, bool store, int K,
-                                                 uint8_t* dst) {
+__device__ __forceinline__ void stage_split_item(float (&v)[8], int G, int q, bool store, int K, uint8_t* dst) {
   float m = 0.f;
 #pragma unroll
   for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(v[k]));
@@ -154,17 +151,18 @@ __device__ __forceinline__ void stage_split_item(float (&v)[8], int G, int q, in
   uint8_t* at = dst + (G >> 2) * kSegBytes + (q >> 1) * 128 + (G & 3) * 32 + (q & 1) * 8;
   *reinterpret_cast<uint2*>(at) = make_uint2(he, ho);
   *reinterpret_cast<uint2*>(at + 16) = make_uint2(le, lo);
-  if (q == 0 && G < groups) reinterpret_cast<int8_t*>(dst + stage_xs_off(K))[G] = int8_t(xs);
+  if (q == 0 && G < K / 32) reinterpret_cast<int8_t*>(dst + stage_xs_off(K))[G] = int8_t(xs);
 }
 
 // Stages K values (K % 32 == 0) from src at `dst` in shared memory. One thread per (group, word):
 // the four threads of a group are adjacent lanes and share the group's maximum. A thread's items are
-// taken kBatch at a time with all their loads issued first (K = 2880 is three items a thread at 128
+// taken three at a time with all their loads issued first (K = 2880 is three items a thread at 128
 // threads): FC2 stages after its wait, on the layer's critical path, and an L2 round trip per item
 // cost 120b batch-1 decode ~0.8 % (docs/perf.md, session 16). Contains no barrier: __syncthreads
 // before reading.
-template <int kBatch = 3, class Src>
+template <class Src>
 __device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
+  constexpr int kBatch = 3;
   const int groups = K / 32, n = stage_segs(K) * 16;
   for (int b0 = 0; b0 < n; b0 += kBatch * blockDim.x) {
     typename Src::Raw raw[kBatch];
@@ -180,7 +178,7 @@ __device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
       const int i = i0 + threadIdx.x, G = i >> 2, q = i & 3;
       float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (G < groups) src.convert(raw[u], v);
-      stage_split_item(v, G, q, groups, i < n, K, dst);
+      stage_split_item(v, G, q, i < n, K, dst);
     }
   }
   if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(dst + stage_zero_off(K))[threadIdx.x] = 0u;
