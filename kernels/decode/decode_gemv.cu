@@ -64,6 +64,7 @@ __global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
     for (int j = 0; j < 16; ++j)
       wg[j] = e < p.E && r0 + j < o.N ? bf(p.router_w[size_t(e) * o.N + r0 + j]) * bf(p.norm_w[r0 + j]) : 0.f;
   }
+  if (o.bias && threadIdx.x == 0) l2_prefetch_keep(o.bias + r0, uint32_t(min(16, o.N - r0)) * 2);  // the epilogue's
   TracedPdlWait{o.trace.buf}();
   stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, false, xs);
   __syncthreads();

@@ -53,11 +53,11 @@ __device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s
 // One token: the full-attention layer's older K / V blocks (those holding keys [0, pos)) into L2, one
 // prefetch of a block's K or V rows (all KV heads, contiguous) per item, the items spread over the CTAs.
 __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta) {
-  const int pos = p.pos[0], nb = (pos + p.block_size - 1) / p.block_size;
-  const int32_t* bt = p.block_tables + p.bt_off[0];
+  const int pos = ld_keep(p.pos), nb = (pos + p.block_size - 1) / p.block_size;
+  const int32_t* bt = p.block_tables + ld_keep(p.bt_off);
   const size_t block_elems = size_t(p.block_size) * p.Hkv * p.D;
   for (int i = cta; i < 2 * nb; i += gridDim.x)
-    l2_prefetch((i & 1 ? p.v_cache : p.k_cache) + size_t(bt[i / 2]) * block_elems, uint32_t(block_elems * 2));
+    l2_prefetch((i & 1 ? p.v_cache : p.k_cache) + size_t(ld_keep(bt + i / 2)) * block_elems, uint32_t(block_elems * 2));
 }
 
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
@@ -76,6 +76,13 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   Bf16PipeT<kQkvU> pipe{{}, {}, p.w + size_t(rA) * p.H, p.w + size_t(rB) * p.H, s1, t};
   pipe.load(s0);
   if (p.kv_prefetch && threadIdx.x == 0) prefetch_kv_l2(p, cta);
+  if (threadIdx.x == 0) {
+    l2_prefetch_keep(p.norm_w, p.H * 2);  // the staging's gamma, after the wait
+    if (p.M > 1) l2_prefetch_keep(p.pos, p.M * 4), l2_prefetch_keep(p.slot, p.M * 4);
+  }
+  // The epilogue's inputs that the kernel before does not write, read before the wait.
+  const float bA = bf(p.bias[rA]), bB = bf(p.bias[rB]), inv_freq = p.inv_freq[d];
+  const int pos0 = ld_keep(p.pos), slot0 = ld_keep(p.slot);
   wait();
   const bool first = cta == 0;
   stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
@@ -84,14 +91,13 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   tile_bf16_run(pipe, xs + min(g, p.M - 1) * staged_ld(p.H), s0, c);
   reduce_ksplit(c, red, KSPLIT);
   if (kp != 0 || tile >= ntiles) return;
-  const float bA = bf(p.bias[rA]), bB = bf(p.bias[rB]);
   for (int i = 0; i < 2; ++i) {
     const int n = 2 * t + i;
     if (n >= p.M) break;
     float x1 = c[i] + bA, x2 = c[2 + i] + bB;
     if (h < p.Hq + p.Hkv) {
       float sn, cs;
-      sincosf(float(p.pos[n]) * p.inv_freq[d], &sn, &cs);
+      sincosf(float(n ? p.pos[n] : pos0) * inv_freq, &sn, &cs);
       cs *= p.concentration;
       sn *= p.concentration;
       const float y1 = x1 * cs - x2 * sn, y2 = x2 * cs + x1 * sn;
@@ -105,7 +111,7 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
     } else {
       const bool is_k = h < p.Hq + p.Hkv;
       const int kvh = is_k ? h - p.Hq : h - p.Hq - p.Hkv;
-      uint16_t* row = (is_k ? p.k_cache : p.v_cache) + size_t(p.slot[n]) * p.Hkv * p.D + kvh * p.D;
+      uint16_t* row = (is_k ? p.k_cache : p.v_cache) + size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
       row[d] = to_bf(x1);
       row[d + half] = to_bf(x2);
     }

@@ -8,6 +8,7 @@
 #include "kernels/common/cta_trace.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/device_math.cuh"
+#include "kernels/common/l2_prefetch.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/decode/moe_body.cuh"
 #include "kernels/decode/e4m3_split.cuh"
@@ -60,6 +61,10 @@ __device__ __forceinline__ T pick4(const T (&v)[kTopK], int j) {
 }
 
 __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, const unsigned long long* tbuf) {
+  if (p.route_acc && threadIdx.x == 0) {  // read after the wait (l2_prefetch.cuh)
+    l2_prefetch_keep(p.norm_w, p.H * 2);
+    l2_prefetch_keep(p.router_bias, p.E * 2);
+  }
   TracedPdlWait{tbuf}();
   if (!fp8_arch()) return;
   // One token: its four experts are the distinct slots in order, so every warp routes on its own
@@ -76,13 +81,14 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, c
   const size_t rA = size_t(e) * 2 * I + 2 * i;
   int s0;
   e4m3::Pipe<kM1U> pipe = expert_pipe<1, kM1U, true>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, 0, t, s0);
+  const float bg = bf(p.fc1_bias[rA]), bu = bf(p.fc1_bias[rA + 1]);  // the epilogue's, in flight with the weights
   if (p.route_acc) e4m3::stage_split_from(e4m3::NormSrc{p.h, p.norm_w, inv}, H, xst);
   else e4m3::stage_split(p.xn, H, xst);
   __syncthreads();
   const float2 v = e4m3::tile_run(pipe, xst, H, s0);
   if (tile >= ntiles || t != 0) return;
-  const float gate = fminf(v.x + bf(p.fc1_bias[rA]), p.limit);
-  const float up = fminf(fmaxf(v.y + bf(p.fc1_bias[rA + 1]), -p.limit), p.limit);
+  const float gate = fminf(v.x + bg, p.limit);
+  const float up = fminf(fmaxf(v.y + bu, -p.limit), p.limit);
   const float glu = gate / (1.f + expf(-p.alpha * gate));
   p.act[size_t(j) * I + i] = uint16_t(f32_to_bf16_bits(glu * (up + 1.f)));
 }
@@ -108,6 +114,8 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
   const size_t rA = size_t(e) * H + min(r0 + g, H - 1), rB = size_t(e) * H + min(r0 + g + 8, H - 1);
   int s0;
   e4m3::Pipe<kM1U> pipe = expert_pipe<KSPLIT, kM1U, true>(p.fc2_blocks, p.fc2_scales, rA, rB, I, kp, t, s0);
+  const int ra = r0 + g, rb = r0 + g + 8;  // the epilogue's bias, read before the wait
+  const float ba = ra < H ? bf(p.fc2_bias[size_t(e) * H + ra]) : 0.f, bb = rb < H ? bf(p.fc2_bias[size_t(e) * H + rb]) : 0.f;
   TracedPdlWait{tbuf}();  // FC1's activations
   e4m3::stage_split(p.act + size_t(j) * I, I, xst);
   __syncthreads();
@@ -116,9 +124,8 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
   reduce_ksplit(c, red, KSPLIT);
   if (kp != 0 || tile >= ntiles || t != 0) return;
   const float w = pick4(wt, j);
-  const int ra = r0 + g, rb = r0 + g + 8;
-  if (ra < H) p.y_slot[size_t(j) * H + ra] = w * (c[0] + bf(p.fc2_bias[size_t(e) * H + ra]));
-  if (rb < H) p.y_slot[size_t(j) * H + rb] = w * (c[2] + bf(p.fc2_bias[size_t(e) * H + rb]));
+  if (ra < H) p.y_slot[size_t(j) * H + ra] = w * (c[0] + ba);
+  if (rb < H) p.y_slot[size_t(j) * H + rb] = w * (c[2] + bb);
 }
 
 __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
