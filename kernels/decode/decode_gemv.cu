@@ -16,7 +16,7 @@ using body::GemvParams;
 __global__ void __launch_bounds__(128) qkv_rope_kv_k(QkvRopeKvParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
   trace_begin(p.trace);
-  body::qkv_rope_kv<body::kQkvSplit, true>(p, blockIdx.x, red, TracedPdlWait{p.trace.buf});
+  body::qkv_rope_kv<body::kQkvSplit, true, true>(p, blockIdx.x, red, TracedPdlWait{p.trace.buf});
   trace_end(p.trace, 0);
 }
 

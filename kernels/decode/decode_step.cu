@@ -111,7 +111,7 @@ __device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, u
   q.pos = p.pos; q.slot = L.window ? p.slot_sw : p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
   q.q_out = p.q; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
   q.M = p.M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
-  qkv_rope_kv<kQkvSplit, false>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
+  qkv_rope_kv<kQkvSplit, false, false>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
   signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
 }
 

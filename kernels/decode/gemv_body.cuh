@@ -61,7 +61,9 @@ __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta
 }
 
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
-template <int KSPLIT, bool kOneTokenNorm, class Wait>
+// kEarlyInputs: the epilogue's bias, RoPE frequency and token 0's position and cache row are read before the
+// wait (l2_prefetch.cuh); the persistent step's item keeps them for its epilogue (5 registers it spills).
+template <int KSPLIT, bool kOneTokenNorm, bool kEarlyInputs, class Wait>
 __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -80,9 +82,12 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
     l2_prefetch_keep(p.norm_w, p.H * 2);  // the staging's gamma, after the wait
     if (p.M > 1) l2_prefetch_keep(p.pos, p.M * 4), l2_prefetch_keep(p.slot, p.M * 4);
   }
-  // The epilogue's inputs that the kernel before does not write, read before the wait.
-  const float bA = bf(p.bias[rA]), bB = bf(p.bias[rB]), inv_freq = p.inv_freq[d];
-  const int pos0 = ld_keep(p.pos), slot0 = ld_keep(p.slot);
+  float bA = 0.f, bB = 0.f, inv_freq = 0.f;
+  int pos0 = 0, slot0 = 0;
+  if (kEarlyInputs) {
+    bA = bf(p.bias[rA]), bB = bf(p.bias[rB]), inv_freq = p.inv_freq[d];
+    pos0 = ld_keep(p.pos), slot0 = ld_keep(p.slot);
+  }
   wait();
   const bool first = cta == 0;
   stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
@@ -91,6 +96,7 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   tile_bf16_run(pipe, xs + min(g, p.M - 1) * staged_ld(p.H), s0, c);
   reduce_ksplit(c, red, KSPLIT);
   if (kp != 0 || tile >= ntiles) return;
+  if (!kEarlyInputs) bA = bf(p.bias[rA]), bB = bf(p.bias[rB]), inv_freq = p.inv_freq[d], pos0 = p.pos[0], slot0 = p.slot[0];
   for (int i = 0; i < 2; ++i) {
     const int n = 2 * t + i;
     if (n >= p.M) break;
