@@ -99,6 +99,9 @@ void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
   const double full = step_ms(0);
   std::printf("\ngraph-mode marginal cost per kernel kind, batch-1 decode step at depth %d: full step %.3f ms\n",
               depth, full);
+  const double gpu = r.replay_decode_graph_ms(1, 100);
+  std::printf("the step's graph replayed back to back: %.3f ms a step, so the host's turn between steps costs %.1f us\n",
+              gpu, 1e3 * (full - gpu));
   std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |\n|---|---|---|---|\n");
   for (int b = 0; b < int(std::size(kDecodeKernelNames)); ++b) {
     const double t = step_ms(1u << b);

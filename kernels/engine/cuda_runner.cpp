@@ -609,6 +609,22 @@ void CudaRunner::run_decode_graph(int M) {
   MX_CUDA(cudaGraphLaunch(exec, stream_));
 }
 
+double CudaRunner::replay_decode_graph_ms(int M, int n) {
+  if (M < 1 || M > cuda::kDecodeMaxTokens || !graphs_[M]) fail("no decode graph for {} tokens yet", M);
+  cudaEvent_t a, b;
+  MX_CUDA(cudaEventCreate(&a));
+  MX_CUDA(cudaEventCreate(&b));
+  MX_CUDA(cudaEventRecord(a, stream_));
+  for (int i = 0; i < n; ++i) MX_CUDA(cudaGraphLaunch(graphs_[M], stream_));
+  MX_CUDA(cudaEventRecord(b, stream_));
+  MX_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  MX_CUDA(cudaEventElapsedTime(&ms, a, b));
+  MX_CUDA(cudaEventDestroy(a));
+  MX_CUDA(cudaEventDestroy(b));
+  return double(ms) / n;
+}
+
 void CudaRunner::mark(const char* name, double bytes) {
   if (!profiling_ || marks_.size() + 1 >= events_.size()) return;
   marks_.push_back({name, bytes});

@@ -80,6 +80,9 @@ class CudaRunnerBase : public ModelRunner {
   virtual int last_step_trace_kind(int* sms) const = 0;
   // Bytes of weights read by one decode step for M tokens (dense + expected distinct experts).
   virtual double decode_weight_bytes(int M) const = 0;
+  // Bench only: replays the M-token decode graph n times back to back (the last step's metadata, no
+  // host work between replays) and returns ms a replay: the step's GPU time without the host's turn.
+  virtual double replay_decode_graph_ms(int M, int n) = 0;
 };
 
 std::unique_ptr<CudaRunnerBase> make_cuda_runner(const CudaEngineOptions& opt);

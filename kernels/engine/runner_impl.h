@@ -65,6 +65,7 @@ class CudaRunner final : public CudaRunnerBase {
   std::vector<KernelProfile> last_profile() const override { return profile_; }
   void set_use_graphs(bool on) override { use_graphs_ = on; }
   void set_decode_skip(uint32_t mask) override;
+  double replay_decode_graph_ms(int M, int n) override;
   void set_step_trace(bool on) override;
   std::vector<uint64_t> last_step_trace() const override;
   int last_step_trace_kind(int* sms) const override;
