@@ -208,6 +208,73 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   if (team.tid() == 0) last = atomic_add_acq_rel(ticket, 1) == nsplit - 1;
   team.sync();
   if (!last) return false;
+  if constexpr (GH < G) {
+  // Merge the active splits in one L2 round trip: each thread owns a float4 column of the group's
+  // output and every R-th split (R = threads / columns), and issues those loads together with the
+  // team's (max, sum) loads; the R partial sums then add up in a fixed order. (Loads in rounds of 8
+  // splits after the (max, sum) round were four dependent round trips on the layer's critical path.)
+  constexpr int kT = kWarps * 32, kCols = GH * D / 4, R = kCols >= kT ? 1 : kT / kCols, kB = 12;
+  static_assert(kCols <= kT, "one float4 column a thread");
+  __shared__ float fm[S][GH], fl[S][GH];
+  __shared__ float4 red[R][kCols];
+  const int stride = 2 * G + G * D;
+  const int col = team.tid() % kCols, r = team.tid() / kCols, h = 4 * col / D;
+  const bool active = team.tid() < R * kCols;
+  const float* colp = part + 2 * G + h0 * D + 4 * col;
+  float4 v[kB];
+#pragma unroll
+  for (int u = 0; u < kB; ++u) {
+    const int sp = r + R * u;
+    v[u] = active && sp < nsplit ? __ldcg(reinterpret_cast<const float4*>(colp + size_t(sp) * stride))
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int i = team.tid(); i < nsplit * GH; i += team.size()) {
+    const float a = __ldcg(part + size_t(i / GH) * stride + h0 + i % GH);
+    const float b = __ldcg(part + size_t(i / GH) * stride + G + h0 + i % GH);
+    fm[i / GH][i % GH] = a;
+    fl[i / GH][i % GH] = b;
+  }
+  team.sync();
+  const float sink = bf(p.sinks[kvh * G + h0 + h]) * kLog2e;
+  float mx = sink;
+  for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
+  auto weight = [&](int sp) { return fm[sp][h] == -INFINITY ? 0.f : exp2f(fm[sp][h] - mx); };
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int sp0 = 0;; sp0 += R * kB) {
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      const int sp = sp0 + r + R * u;
+      if (sp >= nsplit) break;
+      const float f = weight(sp);
+      acc.x += f * v[u].x;
+      acc.y += f * v[u].y;
+      acc.z += f * v[u].z;
+      acc.w += f * v[u].w;
+    }
+    if (sp0 + R * kB >= nsplit) break;
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {  // more splits than one round covers (long contexts)
+      const int sp = sp0 + R * kB + r + R * u;
+      v[u] = active && sp < nsplit ? __ldcg(reinterpret_cast<const float4*>(colp + size_t(sp) * stride))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  if (active) red[r][col] = acc;
+  team.sync();
+  if (team.tid() < kCols) {
+    float dn = exp2f(sink - mx);
+    for (int sp = 0; sp < nsplit; ++sp) dn += weight(sp) * fl[sp][h];
+    float4 t = red[0][col];
+    for (int k = 1; k < R; ++k) {
+      const float4 o = red[k][col];
+      t.x += o.x; t.y += o.y; t.z += o.z; t.w += o.w;
+    }
+    uint2 o;
+    o.x = uint32_t(attn_to_bf(t.x / dn)) | uint32_t(attn_to_bf(t.y / dn)) << 16;
+    o.y = uint32_t(attn_to_bf(t.z / dn)) | uint32_t(attn_to_bf(t.w / dn)) << 16;
+    *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G + h0) * D + 4 * col) = o;
+  }
+  } else {
   // Merge the active splits: (max, sum) of all splits into shared memory first, so the output loop
   // issues its S loads together instead of one dependent L2 round trip each.
   __shared__ float fm[S][GH], fl[S][GH], den[GH];
@@ -260,6 +327,7 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     o.x = uint32_t(attn_to_bf(acc[0] / dn)) | uint32_t(attn_to_bf(acc[1] / dn)) << 16;
     o.y = uint32_t(attn_to_bf(acc[2] / dn)) | uint32_t(attn_to_bf(acc[3] / dn)) << 16;
     *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G + h0) * D + i) = o;
+  }
   }
   if (team.tid() == 0) *ticket = 0;  // ready for the next launch / graph replay
   return true;

@@ -40,6 +40,14 @@ struct TracedPdlWait {
   }
 };
 
+// Probe builds only (-DMX_PROBE_STAGE=N): the wait stamp moved to probe point N.
+template <int N = 1>
+__device__ __forceinline__ void trace_probe(const unsigned long long* buf) {
+#if defined(MX_PROBE_STAGE)
+  if (MX_PROBE_STAGE == N && buf && threadIdx.x == 0) trace_stamps()[1] = global_ns();
+#endif
+}
+
 // Call from every thread at the kernel's end (a barrier when tracing).
 __device__ __forceinline__ void trace_end(const CtaTrace& tr, int kind) {
   if (!tr.buf) return;

@@ -160,28 +160,54 @@ __device__ __forceinline__ void stage_split_item(float (&v)[8], int G, int q, bo
 // threads): FC2 stages after its wait, on the layer's critical path, and an L2 round trip per item
 // cost 120b batch-1 decode ~0.8 % (docs/perf.md, session 16). Contains no barrier: __syncthreads
 // before reading.
+constexpr int kStageBatch = 3;
+
+// The loads of one batch of a thread's stager items (items b0 + u * blockDim.x + threadIdx.x).
 template <class Src>
-__device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
-  constexpr int kBatch = 3;
+__device__ __forceinline__ void stage_split_load(const Src& src, int K, int b0, typename Src::Raw (&raw)[kStageBatch]) {
+  const int groups = K / 32;
+#pragma unroll
+  for (int u = 0; u < kStageBatch; ++u) {
+    const int i = b0 + u * blockDim.x + threadIdx.x, G = i >> 2, q = i & 3;
+    if (G < groups) raw[u] = src.load(G * 32 + q * 8);
+  }
+}
+
+// Converts and stores them.
+template <class Src>
+__device__ __forceinline__ void stage_split_store(const Src& src, int K, int b0, const typename Src::Raw (&raw)[kStageBatch],
+                                                  uint8_t* dst) {
   const int groups = K / 32, n = stage_segs(K) * 16;
-  for (int b0 = 0; b0 < n; b0 += kBatch * blockDim.x) {
-    typename Src::Raw raw[kBatch];
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i = b0 + u * blockDim.x + threadIdx.x, G = i >> 2, q = i & 3;
-      if (G < groups) raw[u] = src.load(G * 32 + q * 8);
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int i0 = b0 + u * blockDim.x;
-      if (i0 >= n) break;  // uniform: whole warps, the shuffles below need every lane
-      const int i = i0 + threadIdx.x, G = i >> 2, q = i & 3;
-      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (G < groups) src.convert(raw[u], v);
-      stage_split_item(v, G, q, i < n, K, dst);
-    }
+  for (int u = 0; u < kStageBatch; ++u) {
+    const int i0 = b0 + u * blockDim.x;
+    if (i0 >= n) break;  // uniform: whole warps, the shuffles below need every lane
+    const int i = i0 + threadIdx.x, G = i >> 2, q = i & 3;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (G < groups) src.convert(raw[u], v);
+    stage_split_item(v, G, q, i < n, K, dst);
+  }
+}
+
+// The staging after its first batch's loads (stage_split_load at b0 = 0, issued by the caller, e.g.
+// before other work that does not need them).
+template <class Src>
+__device__ inline void stage_split_rest(const Src& src, int K, const typename Src::Raw (&first)[kStageBatch], uint8_t* dst) {
+  const int n = stage_segs(K) * 16;
+  stage_split_store(src, K, 0, first, dst);
+  for (int b0 = kStageBatch * blockDim.x; b0 < n; b0 += kStageBatch * blockDim.x) {
+    typename Src::Raw raw[kStageBatch];
+    stage_split_load(src, K, b0, raw);
+    stage_split_store(src, K, b0, raw, dst);
   }
   if (threadIdx.x < 4) reinterpret_cast<uint32_t*>(dst + stage_zero_off(K))[threadIdx.x] = 0u;
+}
+
+template <class Src>
+__device__ inline void stage_split_from(Src src, int K, uint8_t* dst) {
+  typename Src::Raw raw[kStageBatch];
+  stage_split_load(src, K, 0, raw);
+  stage_split_rest(src, K, raw, dst);
 }
 
 __device__ inline void stage_split(const uint16_t* src, int K, uint8_t* dst) { stage_split_from(Bf16Src{src}, K, dst); }

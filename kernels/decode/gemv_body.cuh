@@ -5,6 +5,7 @@
 // before it (in practice: after issuing the first weight loads).
 // CTA = 4 warps; a 16-row tile is computed by KSPLIT warps that split K and add their partials.
 #pragma once
+#include "kernels/common/cta_trace.cuh"
 #include "kernels/common/device_math.cuh"
 #include "kernels/common/l2_prefetch.cuh"
 #include "kernels/decode/decode_gemv.h"
@@ -93,6 +94,7 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   const bool first = cta == 0;
   stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
   __syncthreads();
+  trace_probe(p.trace.buf);
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   tile_bf16_run(pipe, xs + min(g, p.M - 1) * staged_ld(p.H), s0, c);
   reduce_ksplit(c, red, KSPLIT);

@@ -44,7 +44,7 @@ __device__ __forceinline__ void load8_residual(const ResidualIn& r, int n, int H
 }
 
 // The residual values of one row after the norm's scale `in`: x_out / xn_out when asked, and xs.
-__device__ __forceinline__ void put_normalized(const ResidualIn& r, const uint16_t* gamma, float in, int n, int H, int k,
+__device__ __forceinline__ void put_normalized(const ResidualIn& r, const uint4& g, float in, int n, int H, int k,
                                                int ld, bool permute, uint16_t* xs, bool write_globals,
                                                uint16_t* xn_out, float (&v)[8]) {
   if (write_globals && r.x_out) {
@@ -52,7 +52,6 @@ __device__ __forceinline__ void put_normalized(const ResidualIn& r, const uint16
     o[0] = make_float4(v[0], v[1], v[2], v[3]);
     o[1] = make_float4(v[4], v[5], v[6], v[7]);
   }
-  const uint4 g = *reinterpret_cast<const uint4*>(gamma + k);
   const uint32_t gw[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -78,11 +77,13 @@ __device__ inline void stage_rmsnorm(const ResidualIn& r, const uint16_t* gamma,
   constexpr int kIt = 4;
   if (kOneToken && M == 1 && H <= kIt * step) {  // one token: the row stays in registers, x and y_slot read once
     float v[kIt][8];
+    uint4 g[kIt];  // gamma with the row: its own round trip after the barrier cost the qkv kernel ~0.7 us
     float ss = 0.f;
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
       const int k = threadIdx.x * 8 + it * step;
       if (k >= H) continue;
+      g[it] = *reinterpret_cast<const uint4*>(gamma + k);
       load8_residual(r, 0, H, k, v[it]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) ss += v[it][i] * v[it][i];
@@ -100,7 +101,7 @@ __device__ inline void stage_rmsnorm(const ResidualIn& r, const uint16_t* gamma,
 #pragma unroll
     for (int it = 0; it < kIt; ++it) {
       const int k = threadIdx.x * 8 + it * step;
-      if (k < H) put_normalized(r, gamma, in, 0, H, k, ld, permute, xs, write_globals, xn_out, v[it]);
+      if (k < H) put_normalized(r, g[it], in, 0, H, k, ld, permute, xs, write_globals, xn_out, v[it]);
     }
     return;
   }
@@ -129,7 +130,7 @@ __device__ inline void stage_rmsnorm(const ResidualIn& r, const uint16_t* gamma,
     for (int k = threadIdx.x * 8; k < H; k += step) {
       float v[8];
       load8_residual(r, n, H, k, v);
-      put_normalized(r, gamma, in, n, H, k, ld, permute, xs, write_globals, xn_out, v);
+      put_normalized(r, *reinterpret_cast<const uint4*>(gamma + k), in, n, H, k, ld, permute, xs, write_globals, xn_out, v);
     }
   }
 }

@@ -456,7 +456,7 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
   }
 }
 
-TEST(AttentionDecode, FullAttentionShortAndLongContexts) { check_attention(64, 2, {0, 5, 130, 700, 2100}, 0, 10); }
+TEST(AttentionDecode, FullAttentionShortAndLongContexts) { check_attention(64, 2, {0, 5, 130, 700, 2100, 5000}, 0, 10); }
 TEST(AttentionDecode, SlidingWindow) { check_attention(64, 1, {3, 127, 128, 129, 1000}, 128, 11); }
 TEST(AttentionDecode, HeadDim16) { check_attention(16, 1, {0, 9, 40}, 4, 12); }
 
