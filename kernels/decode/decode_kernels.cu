@@ -100,7 +100,7 @@ __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, in
 
 // The inner log of the Gumbel noise is the accurate logf: near u = 1, __logf's absolute error exceeds
 // -log(u). stream_uniform: kernels/common/stream_random.cuh.
-// Greedy pick / Gumbel sample + log-softmax, split over kArgmaxChunks CTAs per row (one CTA per row
+// Greedy pick / Gumbel sample + log-softmax, split over argmax_chunks() CTAs per row (one CTA per row
 // left the 0.8 MB logit row of a 201k vocabulary to a single SM: 32 us per token). Each chunk
 // leaves (best score, its id, max logit, sum of exp(logit - max)); argmax_merge_k combines them.
 struct ArgmaxPart { float best; int id; float mx; float z; };
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride
   // score = logit (greedy) or logit / T + Gumbel noise; the raw logits feed the log-softmax.
   ArgmaxPart a{-FLT_MAX, 0x7fffffff, -INFINITY, 0.f};
   const int lo = c * chunk, hi = min(V, lo + chunk);
-#pragma unroll 4
+#pragma unroll 8
   for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     const float x = r[i];
     const float sc = it > 0.f ? x * it - __logf(-logf(stream_uniform(key, i))) : x;
@@ -145,13 +145,23 @@ __global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride
   }
 }
 
-// One warp per row: merge the row's chunks (at most 32, one per lane).
+// One warp per row: merge the row's chunks (at most kArgmaxMaxChunks; lane l takes l, l + 32, ... in
+// order, all loaded first).
 __global__ void argmax_merge_k(const float* lg, int stride, int nchunks, const ArgmaxPart* parts, int32_t* tok,
                                float* lp, int row0) {
   const int s = row0 + blockIdx.x, lane = threadIdx.x;
   pdl_wait();
   pdl_launch_dependents();
-  ArgmaxPart a = lane < nchunks ? parts[size_t(s) * nchunks + lane] : ArgmaxPart{-FLT_MAX, 0x7fffffff, -INFINITY, 0.f};
+  constexpr int kPer = kArgmaxMaxChunks / 32;
+  ArgmaxPart q[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int c = lane + 32 * u;
+    q[u] = c < nchunks ? parts[size_t(s) * nchunks + c] : ArgmaxPart{-FLT_MAX, 0x7fffffff, -INFINITY, 0.f};
+  }
+  ArgmaxPart a = q[0];
+#pragma unroll
+  for (int u = 1; u < kPer; ++u) merge_part(a, q[u]);
   for (int o = 16; o; o >>= 1) merge_part(a, shfl_part(a, o));
   if (lane == 0) { tok[s] = a.id; lp[s] = lg[size_t(s) * stride + a.id] - a.mx - logf(a.z); }
 }

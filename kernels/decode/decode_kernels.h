@@ -35,7 +35,9 @@ void launch_topk_softmax(const float* logits, int32_t* idx, float* w, int M, int
 // logits * inv_temp - log(-log(u_i)), u_i a uniform derived from (key[row], i). out_lp = log-softmax of
 // the raw logits at the pick. out_tok [S], out_lp [S]; inv_temp / key [S] or null (all greedy).
 // scratch: argmax_scratch_floats(S, V_limit) floats.
-inline int argmax_chunks(int V_limit) { return std::clamp((V_limit + 4095) / 4096, 1, 32); }
+// Up to 128 chunks of >= 1024 logits: a 201k row is ~6 logits a thread, loaded in one round.
+constexpr int kArgmaxMaxChunks = 128;
+inline int argmax_chunks(int V_limit) { return std::clamp((V_limit + 1023) / 1024, 1, kArgmaxMaxChunks); }
 inline size_t argmax_scratch_floats(int S, int V_limit) { return size_t(S) * argmax_chunks(V_limit) * 4; }
 void launch_argmax_logprob(const float* logits, int S, int V, int V_limit, int32_t* out_tok, float* out_lp,
                            float* scratch, cudaStream_t s, const float* inv_temp = nullptr,

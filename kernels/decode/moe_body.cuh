@@ -46,22 +46,26 @@ __device__ inline void top4_softmax(float (&v)[4], int E, int (&sel)[kTopK], flo
     v[i] = v[i] == v[i] ? v[i] : -INFINITY;
     used[i] = lane + 32 * i >= E;
   }
+  // Each round is two warp reductions (redux.sync) instead of five shuffle-and-compare steps: the
+  // routing sits on FC1's critical path. Keys order the floats as unsigned ints (-0 taken as +0).
+  uint32_t key[4];
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t u = __float_as_uint(v[i] + 0.f);
+    key[i] = u & 0x80000000u ? ~u : u | 0x80000000u;
+  }
   float val[kTopK];
   for (int j = 0; j < kTopK; ++j) {
-    float bv = -INFINITY;
-    int be = 0x7fffffff;
-    for (int i = 0; i < 4; ++i) {
-      const int e = lane + 32 * i;
-      if (!used[i] && (v[i] > bv || (v[i] == bv && e < be))) { bv = v[i]; be = e; }
-    }
-    for (int o = 16; o; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ov > bv || (ov == bv && oe < be)) { bv = ov; be = oe; }
-    }
+    uint32_t best = 0;
+    for (int i = 0; i < 4; ++i)
+      if (!used[i]) best = max(best, key[i]);
+    const uint32_t m = __reduce_max_sync(0xffffffffu, best);
+    uint32_t mine = 0x7fffffffu;  // this lane's lowest expert with the maximum
+    for (int i = 3; i >= 0; --i)
+      if (!used[i] && key[i] == m) mine = uint32_t(lane + 32 * i);
+    const int be = int(__reduce_min_sync(0xffffffffu, mine));
     if ((be & 31) == lane) used[be >> 5] = true;
     sel[j] = be;
-    val[j] = bv;
+    val[j] = __uint_as_float(m & 0x80000000u ? m & 0x7fffffffu : ~m);
   }
   float z = 0.f, ex[kTopK];
   for (int j = 0; j < kTopK; ++j) z += (ex[j] = expf(val[j] - val[0]));
