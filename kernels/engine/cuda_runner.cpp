@@ -264,7 +264,10 @@ void CudaRunner::plan_memory() {
   lay(hm, hmeta_);
   lay(dm, dmeta_);
   MX_CUDA(cudaMallocHost(&host_logits_, S * V * 4));
-  MX_CUDA(cudaMallocHost(&host_res_, S * 8));
+  // The sampled tokens and log-probs are written by the kernels straight into mapped host memory: no
+  // copy-engine hop between the step's last kernel and the host's wake-up.
+  MX_CUDA(cudaHostAlloc(&host_res_, S * 8, cudaHostAllocMapped));
+  MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&res_dev_), host_res_, 0));
 }
 
 void CudaRunner::fill_dummy() {
@@ -493,17 +496,13 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
     cuda::SampleFilterParams f;
     f.logits = logits_; f.stride = cfg_.vocab_size; f.V = vocab_limit_; f.S = S;
     f.inv_temp = dmeta_.inv_temp; f.keys = dmeta_.sample_key; f.top_k = dmeta_.top_k; f.top_p = dmeta_.top_p;
-    f.min_p = dmeta_.min_p; f.tok = reinterpret_cast<int32_t*>(dres_); f.logprob = dres_ + S;
+    f.min_p = dmeta_.min_p; f.tok = reinterpret_cast<int32_t*>(res_dev_); f.logprob = res_dev_ + S;
     cuda::sample_filtered(f, stream_);
   }
   bool need_logits = opt_.keep_logits;
   for (int i : sample_seq) need_logits |= host_samples(seqs[i].sampling);
-  if (S > 0) {
-    MX_CUDA(cudaMemcpyAsync(host_res_, dres_, size_t(S) * 8, cudaMemcpyDeviceToHost, stream_));
-    if (need_logits)
-      MX_CUDA(cudaMemcpyAsync(host_logits_, logits_, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost,
-                              stream_));
-  }
+  if (S > 0 && need_logits)
+    MX_CUDA(cudaMemcpyAsync(host_logits_, logits_, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost, stream_));
   MX_CUDA(cudaStreamSynchronize(stream_));
   if (profiling_) {
     std::map<std::string, KernelProfile> agg;

@@ -178,7 +178,7 @@ void CudaRunner::final_logits(const float* x, const float* y_slot, const int32_t
     cuda::gemm_bf16(gemm_, g, stream_);
   }
   mark("lm_head", double(V) * H * 2);
-  cuda::launch_argmax_logprob(logits, S, V, vocab_limit_, reinterpret_cast<int32_t*>(dres_) + s0, dres_ + last_sampled_ + s0, argmax_part_,
+  cuda::launch_argmax_logprob(logits, S, V, vocab_limit_, reinterpret_cast<int32_t*>(res_dev_) + s0, res_dev_ + last_sampled_ + s0, argmax_part_,
                               stream_, dmeta_.inv_temp + s0, dmeta_.sample_key + s0);
   mark("argmax", double(S) * V * 4);
 }

@@ -136,6 +136,7 @@ class CudaRunner final : public CudaRunnerBase {
   float concentration_ = 1.f;
   float* host_logits_ = nullptr;
   void* host_res_ = nullptr;
+  float* res_dev_ = nullptr;  // host_res_ as the device sees it (mapped)
   // Host sampling (top-k / top-p / min-p / top_logprobs rows): in parallel on a few threads.
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
   std::vector<std::vector<float>> scratch_;
