@@ -31,6 +31,138 @@ struct CtaTeam {
   __device__ __forceinline__ void sync() const { __syncthreads(); }
 };
 
+// The last split's CTA of a (token, KV head, head group) merges the splits' partials (part: the record
+// of that token and KV head) with the sink and writes the output. One L2 round trip: each thread owns a
+// float4 column of the group's output and every R-th split (R = threads / columns), and issues those
+// loads together with the team's (max, sum) loads; the R partial sums then add up in a fixed order.
+// (Loads in rounds of 8 splits after the (max, sum) round were four dependent round trips on the
+// layer's critical path.)
+template <int D, int GH, class Team>
+__device__ __forceinline__ void merge_splits_one_round(const AttnDecodeParams& p, const float* part, int nsplit,
+                                                       int kvh, int h0, int n, Team team) {
+  constexpr int G = kAttnG, S = kAttnS, kWarps = kAttnWarps;
+  constexpr int kT = kWarps * 32, kCols = GH * D / 4, R = kCols >= kT ? 1 : kT / kCols, kB = 12;
+  static_assert(kCols <= kT, "one float4 column a thread");
+  __shared__ float fm[S][GH], fl[S][GH];
+  __shared__ float4 red[R][kCols];
+  const int stride = 2 * G + G * D;
+  const int col = team.tid() % kCols, r = team.tid() / kCols, h = 4 * col / D;
+  const bool active = team.tid() < R * kCols;
+  const float* colp = part + 2 * G + h0 * D + 4 * col;
+  float4 v[kB];
+#pragma unroll
+  for (int u = 0; u < kB; ++u) {
+    const int sp = r + R * u;
+    v[u] = active && sp < nsplit ? __ldcg(reinterpret_cast<const float4*>(colp + size_t(sp) * stride))
+                                 : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int i = team.tid(); i < nsplit * GH; i += team.size()) {
+    const float a = __ldcg(part + size_t(i / GH) * stride + h0 + i % GH);
+    const float b = __ldcg(part + size_t(i / GH) * stride + G + h0 + i % GH);
+    fm[i / GH][i % GH] = a;
+    fl[i / GH][i % GH] = b;
+  }
+  team.sync();
+  const float sink = bf(p.sinks[kvh * G + h0 + h]) * kLog2e;
+  float mx = sink;
+  for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
+  auto weight = [&](int sp) { return fm[sp][h] == -INFINITY ? 0.f : exp2f(fm[sp][h] - mx); };
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int sp0 = 0;; sp0 += R * kB) {
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      const int sp = sp0 + r + R * u;
+      if (sp >= nsplit) break;
+      const float f = weight(sp);
+      acc.x += f * v[u].x;
+      acc.y += f * v[u].y;
+      acc.z += f * v[u].z;
+      acc.w += f * v[u].w;
+    }
+    if (sp0 + R * kB >= nsplit) break;
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {  // more splits than one round covers (long contexts)
+      const int sp = sp0 + R * kB + r + R * u;
+      v[u] = active && sp < nsplit ? __ldcg(reinterpret_cast<const float4*>(colp + size_t(sp) * stride))
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+  if (active) red[r][col] = acc;
+  team.sync();
+  if (team.tid() < kCols) {
+    float dn = exp2f(sink - mx);
+    for (int sp = 0; sp < nsplit; ++sp) dn += weight(sp) * fl[sp][h];
+    float4 t = red[0][col];
+    for (int k = 1; k < R; ++k) {
+      const float4 o = red[k][col];
+      t.x += o.x; t.y += o.y; t.z += o.z; t.w += o.w;
+    }
+    uint2 o;
+    o.x = uint32_t(attn_to_bf(t.x / dn)) | uint32_t(attn_to_bf(t.y / dn)) << 16;
+    o.y = uint32_t(attn_to_bf(t.z / dn)) | uint32_t(attn_to_bf(t.w / dn)) << 16;
+    *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G + h0) * D + 4 * col) = o;
+  }
+}
+
+// The same merge with (max, sum) of all splits into shared memory first, then the outputs in rounds of
+// kMergeBatch splits.
+template <int D, int GH, class Team>
+__device__ __forceinline__ void merge_splits_batched(const AttnDecodeParams& p, const float* part, int nsplit,
+                                                     int kvh, int h0, int n, Team team) {
+  constexpr int G = kAttnG, S = kAttnS;
+  __shared__ float fm[S][GH], fl[S][GH], den[GH];
+  const int stride = 2 * G + G * D;
+  for (int i = team.tid(); i < nsplit * GH; i += team.size()) {
+    fm[i / GH][i % GH] = __ldcg(part + size_t(i / GH) * stride + h0 + i % GH);
+    fl[i / GH][i % GH] = __ldcg(part + size_t(i / GH) * stride + G + h0 + i % GH);
+  }
+  team.sync();
+  if (team.tid() < GH) {
+    const int h = team.tid();
+    const float sink = bf(p.sinks[kvh * G + h0 + h]) * kLog2e;
+    float mx = sink;
+    for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
+    float dn = exp2f(sink - mx);
+    for (int sp = 0; sp < nsplit; ++sp) {
+      const float f = fm[sp][h] == -INFINITY ? 0.f : exp2f(fm[sp][h] - mx);
+      dn += f * fl[sp][h];
+      fm[sp][h] = f;  // now the split's weight
+    }
+    den[h] = dn;
+  }
+  team.sync();
+  // Four outputs per thread, the splits' values loaded kMergeBatch at a time before any is used: the
+  // merge is on the critical path of the layer, and a dependent L2 round trip per split cost ~8 us at
+  // 17 splits. (16 at a time took the kernel to 188 registers, which kept its CTAs from sharing an SM
+  // with two of the qkv kernel's, so they launched later.)
+  constexpr int kMergeBatch = 8;
+  for (int i4 = team.tid(); i4 < GH * D / 4; i4 += team.size()) {
+    const int i = 4 * i4, h = i / D;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int sp0 = 0; sp0 < nsplit; sp0 += kMergeBatch) {
+      float4 v[kMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u)
+        v[u] = sp0 + u < nsplit ? __ldcg(reinterpret_cast<const float4*>(part + size_t(sp0 + u) * stride + 2 * G + h0 * D + i))
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        if (sp0 + u >= nsplit) break;
+        const float f = fm[sp0 + u][h];
+        acc[0] += f * v[u].x;
+        acc[1] += f * v[u].y;
+        acc[2] += f * v[u].z;
+        acc[3] += f * v[u].w;
+      }
+    }
+    const float dn = den[h];
+    uint2 o;
+    o.x = uint32_t(attn_to_bf(acc[0] / dn)) | uint32_t(attn_to_bf(acc[1] / dn)) << 16;
+    o.y = uint32_t(attn_to_bf(acc[2] / dn)) | uint32_t(attn_to_bf(acc[3] / dn)) << 16;
+    *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G + h0) * D + i) = o;
+  }
+}
+
 // Scores are kept in log2 units: q is pre-scaled by log2(e) / sqrt(D).
 // CTA (kvh, hg, qi, split): query heads hg * GH .. hg * GH + GH - 1 of KV head kvh's group. GH < 8
 // reads each K/V row once per head group (from L2 after the first) but shortens the CTA's chain of
@@ -208,127 +340,10 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   if (team.tid() == 0) last = atomic_add_acq_rel(ticket, 1) == nsplit - 1;
   team.sync();
   if (!last) return false;
-  if constexpr (GH < G) {
-  // Merge the active splits in one L2 round trip: each thread owns a float4 column of the group's
-  // output and every R-th split (R = threads / columns), and issues those loads together with the
-  // team's (max, sum) loads; the R partial sums then add up in a fixed order. (Loads in rounds of 8
-  // splits after the (max, sum) round were four dependent round trips on the layer's critical path.)
-  constexpr int kT = kWarps * 32, kCols = GH * D / 4, R = kCols >= kT ? 1 : kT / kCols, kB = 12;
-  static_assert(kCols <= kT, "one float4 column a thread");
-  __shared__ float fm[S][GH], fl[S][GH];
-  __shared__ float4 red[R][kCols];
-  const int stride = 2 * G + G * D;
-  const int col = team.tid() % kCols, r = team.tid() / kCols, h = 4 * col / D;
-  const bool active = team.tid() < R * kCols;
-  const float* colp = part + 2 * G + h0 * D + 4 * col;
-  float4 v[kB];
-#pragma unroll
-  for (int u = 0; u < kB; ++u) {
-    const int sp = r + R * u;
-    v[u] = active && sp < nsplit ? __ldcg(reinterpret_cast<const float4*>(colp + size_t(sp) * stride))
-                                 : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  for (int i = team.tid(); i < nsplit * GH; i += team.size()) {
-    const float a = __ldcg(part + size_t(i / GH) * stride + h0 + i % GH);
-    const float b = __ldcg(part + size_t(i / GH) * stride + G + h0 + i % GH);
-    fm[i / GH][i % GH] = a;
-    fl[i / GH][i % GH] = b;
-  }
-  team.sync();
-  const float sink = bf(p.sinks[kvh * G + h0 + h]) * kLog2e;
-  float mx = sink;
-  for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
-  auto weight = [&](int sp) { return fm[sp][h] == -INFINITY ? 0.f : exp2f(fm[sp][h] - mx); };
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int sp0 = 0;; sp0 += R * kB) {
-#pragma unroll
-    for (int u = 0; u < kB; ++u) {
-      const int sp = sp0 + r + R * u;
-      if (sp >= nsplit) break;
-      const float f = weight(sp);
-      acc.x += f * v[u].x;
-      acc.y += f * v[u].y;
-      acc.z += f * v[u].z;
-      acc.w += f * v[u].w;
-    }
-    if (sp0 + R * kB >= nsplit) break;
-#pragma unroll
-    for (int u = 0; u < kB; ++u) {  // more splits than one round covers (long contexts)
-      const int sp = sp0 + R * kB + r + R * u;
-      v[u] = active && sp < nsplit ? __ldcg(reinterpret_cast<const float4*>(colp + size_t(sp) * stride))
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-  if (active) red[r][col] = acc;
-  team.sync();
-  if (team.tid() < kCols) {
-    float dn = exp2f(sink - mx);
-    for (int sp = 0; sp < nsplit; ++sp) dn += weight(sp) * fl[sp][h];
-    float4 t = red[0][col];
-    for (int k = 1; k < R; ++k) {
-      const float4 o = red[k][col];
-      t.x += o.x; t.y += o.y; t.z += o.z; t.w += o.w;
-    }
-    uint2 o;
-    o.x = uint32_t(attn_to_bf(t.x / dn)) | uint32_t(attn_to_bf(t.y / dn)) << 16;
-    o.y = uint32_t(attn_to_bf(t.z / dn)) | uint32_t(attn_to_bf(t.w / dn)) << 16;
-    *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G + h0) * D + 4 * col) = o;
-  }
-  } else {
-  // Merge the active splits: (max, sum) of all splits into shared memory first, so the output loop
-  // issues its S loads together instead of one dependent L2 round trip each.
-  __shared__ float fm[S][GH], fl[S][GH], den[GH];
-  const int stride = 2 * G + G * D;
-  for (int i = team.tid(); i < nsplit * GH; i += team.size()) {
-    fm[i / GH][i % GH] = __ldcg(part + size_t(i / GH) * stride + h0 + i % GH);
-    fl[i / GH][i % GH] = __ldcg(part + size_t(i / GH) * stride + G + h0 + i % GH);
-  }
-  team.sync();
-  if (team.tid() < GH) {
-    const int h = team.tid();
-    const float sink = bf(p.sinks[kvh * G + h0 + h]) * kLog2e;
-    float mx = sink;
-    for (int sp = 0; sp < nsplit; ++sp) mx = fmaxf(mx, fm[sp][h]);
-    float dn = exp2f(sink - mx);
-    for (int sp = 0; sp < nsplit; ++sp) {
-      const float f = fm[sp][h] == -INFINITY ? 0.f : exp2f(fm[sp][h] - mx);
-      dn += f * fl[sp][h];
-      fm[sp][h] = f;  // now the split's weight
-    }
-    den[h] = dn;
-  }
-  team.sync();
-  // Four outputs per thread, the splits' values loaded kMergeBatch at a time before any is used: the
-  // merge is on the critical path of the layer, and a dependent L2 round trip per split cost ~8 us at
-  // 17 splits. (16 at a time took the kernel to 188 registers, which kept its CTAs from sharing an SM
-  // with two of the qkv kernel's, so they launched later.)
-  constexpr int kMergeBatch = 8;
-  for (int i4 = team.tid(); i4 < GH * D / 4; i4 += team.size()) {
-    const int i = 4 * i4, h = i / D;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int sp0 = 0; sp0 < nsplit; sp0 += kMergeBatch) {
-      float4 v[kMergeBatch];
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u)
-        v[u] = sp0 + u < nsplit ? __ldcg(reinterpret_cast<const float4*>(part + size_t(sp0 + u) * stride + 2 * G + h0 * D + i))
-                                : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < kMergeBatch; ++u) {
-        if (sp0 + u >= nsplit) break;
-        const float f = fm[sp0 + u][h];
-        acc[0] += f * v[u].x;
-        acc[1] += f * v[u].y;
-        acc[2] += f * v[u].z;
-        acc[3] += f * v[u].w;
-      }
-    }
-    const float dn = den[h];
-    uint2 o;
-    o.x = uint32_t(attn_to_bf(acc[0] / dn)) | uint32_t(attn_to_bf(acc[1] / dn)) << 16;
-    o.y = uint32_t(attn_to_bf(acc[2] / dn)) | uint32_t(attn_to_bf(acc[3] / dn)) << 16;
-    *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G + h0) * D + i) = o;
-  }
-  }
+  // The 8-head items of the persistent step keep the batched merge: the one-round merge's registers made
+  // that kernel slower at batch 8 (937 -> 880 tok/s, docs/perf.md, session 18).
+  if constexpr (GH < G) merge_splits_one_round<D, GH>(p, part, nsplit, kvh, h0, n, team);
+  else merge_splits_batched<D, GH>(p, part, nsplit, kvh, h0, n, team);
   if (team.tid() == 0) *ticket = 0;  // ready for the next launch / graph replay
   return true;
 }
