@@ -30,6 +30,7 @@ struct BenchOptions {
   int stream_variant = 0;  // DecodeStepParams::variant (experiments)
   int moe_variant = 0;     // MoeDecodeParams::variant (experiments)
   bool router_kernel = false;  // CudaEngineOptions::router_kernel
+  bool attention_registers = false;  // !CudaEngineOptions::attention_tensor_cores
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
@@ -278,6 +279,7 @@ void run_bench(const BenchOptions& o) {
   eo.stream_variant = o.stream_variant;
   eo.moe_variant = o.moe_variant;
   eo.router_kernel = o.router_kernel;
+  eo.attention_tensor_cores = !o.attention_registers;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -433,6 +435,8 @@ void add_bench_command(CLI::App& app) {
                   "experiments: bit 0 = one-token expert kernels on the bf16 mma path instead of FP8 tensor cores");
   cmd->add_flag("--router-kernel", o->router_kernel,
                 "one-token steps run the router as its own kernel instead of inside the o-proj (A/B)");
+  cmd->add_flag("--attention-registers", o->attention_registers,
+                "full layers' decode attention on the register kernel instead of tensor cores (A/B)");
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

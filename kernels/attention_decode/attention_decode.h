@@ -54,4 +54,15 @@ inline int attention_decode_heads_per_cta(int window) { return window > 0 ? 1 : 
 // D must be 16 or 64 and Hq == 8 * Hkv.
 void attention_decode(const AttnDecodeParams& p, cudaStream_t s);
 
+// The same attention on tensor cores for full-context layers (attention_decode_mma.cu): one CTA per (KV
+// head, token, split) with all 8 query heads, kAttnMmaSplits splits of at least 64 keys, each split's K/V
+// copied into shared memory (kAttnMmaKeys rows at a time; kv_stable: before the PDL wait). Any context
+// length is correct; past attention_decode_mma_max_keys() a split takes several passes, and the register
+// kernel's 32 splits are the faster choice. Needs D == 64, Hq == 8 * Hkv, and the launches' uniform
+// shared-memory carveout (pdl.cuh) to fit beside the qkv kernel.
+constexpr int kAttnMmaSplits = 8;
+constexpr int kAttnMmaKeys = 320;  // 80 KB of K and V rows
+constexpr int attention_decode_mma_max_keys() { return kAttnMmaSplits * kAttnMmaKeys; }
+void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s);
+
 }  // namespace mx::cuda

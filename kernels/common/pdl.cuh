@@ -31,6 +31,12 @@ struct PdlWait {
   }
 };
 
+// One shared-memory carveout for every launch here (percent of the SM's maximum). A kernel needing a larger
+// carveout than the one its SM runs with cannot start there before the SM drains, so kernels that overlap
+// by PDL must agree; 25-50 % cost the L1-resident weight streams nothing (docs/perf.md, session 14) and at
+// 50 % an SM has ~100 KB free beside three qkv CTAs, which the tensor-core attention's split needs.
+constexpr int kPdlSmemCarveoutPercent = 50;
+
 template <class... KArgs, class... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
@@ -38,11 +44,13 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[1].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+  attr[1].val.sharedMemCarveout = kPdlSmemCarveoutPercent;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = 2;
   MX_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -102,6 +102,7 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt) {
     stream_ok_ = cuda::decode_stream_supported(shape, &why);
     if (!stream_ok_) log::info("one-token decode steps run the per-op kernels: the stream kernel {}", why);
   }
+  mma_attention_ = opt.attention_tensor_cores && cfg_.head_dim == 64 && cfg_.num_heads == 8 * cfg_.num_kv_heads;
   events_.resize(1024);
   for (auto& e : events_) MX_CUDA(cudaEventCreate(&e));
 }
@@ -462,6 +463,9 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   }
   last_sampled_ = S;
   if (M == 0) return;
+  int max_pos = 0;
+  for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
+  attn_long_ = max_pos + 1 > cuda::attention_decode_mma_max_keys();
   // Metadata arrays sit at fixed offsets; the block tables follow. One copy.
   MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(meta_tail() + nbt) * 4, cudaMemcpyHostToDevice, stream_));
   if (profiling_) {
@@ -596,7 +600,7 @@ int CudaRunner::last_step_trace_kind(int* sms) const {
 }
 
 void CudaRunner::run_decode_graph(int M) {
-  cudaGraphExec_t& exec = graphs_[M];
+  cudaGraphExec_t& exec = graphs_[graph_slot(M)];
   if (!exec) {
     cudaGraph_t g = nullptr;
     MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -609,12 +613,12 @@ void CudaRunner::run_decode_graph(int M) {
 }
 
 double CudaRunner::replay_decode_graph_ms(int M, int n) {
-  if (M < 1 || M > cuda::kDecodeMaxTokens || !graphs_[M]) fail("no decode graph for {} tokens yet", M);
+  if (M < 1 || M > cuda::kDecodeMaxTokens || !graphs_[graph_slot(M)]) fail("no decode graph for {} tokens yet", M);
   cudaEvent_t a, b;
   MX_CUDA(cudaEventCreate(&a));
   MX_CUDA(cudaEventCreate(&b));
   MX_CUDA(cudaEventRecord(a, stream_));
-  for (int i = 0; i < n; ++i) MX_CUDA(cudaGraphLaunch(graphs_[M], stream_));
+  for (int i = 0; i < n; ++i) MX_CUDA(cudaGraphLaunch(graphs_[graph_slot(M)], stream_));
   MX_CUDA(cudaEventRecord(b, stream_));
   MX_CUDA(cudaEventSynchronize(b));
   float ms = 0;

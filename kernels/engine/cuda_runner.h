@@ -39,6 +39,10 @@ struct CudaEngineOptions {
   // One-token steps on the FP8 expert path fold the router into the o-proj (bf16_o_proj_router_m1);
   // true keeps the router kernel (bench --router-kernel, A/B and tests).
   bool router_kernel = false;
+  // Full layers' decode attention on tensor cores (attention_decode_mma) where a split fits in one pass;
+  // false: the register kernel everywhere (bench --attention-registers, A/B and the persistent step's
+  // bit-equality tests).
+  bool attention_tensor_cores = true;
 };
 
 struct CudaLoadStats {

@@ -73,7 +73,10 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     a.kv_stable = one_token_per_seq;
     a.heads_per_cta = cuda::attention_decode_heads_per_cta(a.window);
     a.trace = op_trace(l);
-    if (!(skip_ & kDecodeAttention)) cuda::attention_decode(a, s);
+    if (!(skip_ & kDecodeAttention)) {
+      if (mma_attention_ && !a.window && !attn_long_) cuda::attention_decode_mma(a, s);
+      else cuda::attention_decode(a, s);
+    }
     if (profiling_) {
       double kv = 0;
       for (int i = 0; i < M; ++i) {

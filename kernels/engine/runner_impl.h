@@ -125,6 +125,7 @@ class CudaRunner final : public CudaRunnerBase {
   // The per-op decode path's CTA records (cta_trace.h) go to step_trace_, behind a cursor after it.
   cuda::CtaTrace op_trace(int layer) const;
   bool stream_ok_ = false;                          // the one-token stream kernel runs on this GPU and shape
+  bool mma_attention_ = false;                      // full layers may run attention_decode_mma (this shape)
   // grouped-MoE routing scratch (prefill)
   int32_t *moe_counts_, *moe_offsets_, *moe_sorted_tok_, *moe_sorted_slot_, *moe_tile_expert_, *moe_tile_row0_,
       *moe_num_tiles_;
@@ -145,10 +146,14 @@ class CudaRunner final : public CudaRunnerBase {
   std::vector<int> sample_seq_;
   // Per sequence: first token row, token count, block-table offsets of the full and sliding layers.
   std::vector<std::array<int, 4>> layout_;
-  // CUDA graphs of the single-chunk decode step, one per token count 1..8.
+  // CUDA graphs of the single-chunk decode step, one per token count 1..8 and attention kernel (graph_slot).
   bool use_graphs_ = true;
   uint32_t skip_ = 0;  // DecodeKernelBit mask (bench only)
-  std::array<cudaGraphExec_t, 9> graphs_{};
+  std::array<cudaGraphExec_t, 18> graphs_{};
+  // Some sequence of the step has more keys than the tensor-core attention holds in one pass: the full
+  // layers run the register kernel (attention_decode.h).
+  bool attn_long_ = false;
+  int graph_slot(int M) const { return M + (attn_long_ ? 9 : 0); }
   // profiling
   bool profiling_ = false;
   std::vector<cudaEvent_t> events_;

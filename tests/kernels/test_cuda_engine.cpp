@@ -294,9 +294,10 @@ TEST(CudaRunner, MiniPrefillAndDecodeMatchCpuReference) {
 enum class DecodePath { kLayered, kPersistent, kStream };
 
 // Logits of `nseq` sequences of P prompt tokens, then `steps` decode steps of all of them (M = nseq
-// tokens per step), on the given decode path (moe_variant, router_kernel: CudaEngineOptions).
+// tokens per step), on the given decode path (moe_variant, router_kernel, attention_tensor_cores:
+// CudaEngineOptions).
 std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, DecodePath path, bool graphs,
-                                 int moe_variant = 0, bool router_kernel = false) {
+                                 int moe_variant = 0, bool router_kernel = false, bool attention_tensor_cores = true) {
   const std::string dir = e2e_fixture(preset);
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + steps, nblk = (N + bs - 1) / bs;
@@ -312,6 +313,7 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   opt.decode_stream = path == DecodePath::kStream;
   opt.moe_variant = moe_variant;
   opt.router_kernel = router_kernel;
+  opt.attention_tensor_cores = attention_tensor_cores;
   auto gpu = mx::make_cuda_runner(opt);
   gpu->set_use_graphs(graphs);
   std::vector<float> all;
@@ -347,9 +349,10 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
 
 // The persistent step runs the same kernel bodies as the six launches per layer, so every logit must
 // be equal bit for bit. (One-token steps of the six launches run their experts on FP8 tensor cores
-// by default; moe_variant 1 keeps them on the bf16 bodies the persistent step shares.)
+// and full layers' attention on tensor cores by default; moe_variant 1 and the register attention keep
+// them on the bodies the persistent step shares.)
 void expect_persistent_equals_layered(const char* preset, int nseq, int P, int steps, bool graphs) {
-  const auto want = decode_logits(preset, nseq, P, steps, DecodePath::kLayered, graphs, 1);
+  const auto want = decode_logits(preset, nseq, P, steps, DecodePath::kLayered, graphs, 1, false, false);
   const auto got = decode_logits(preset, nseq, P, steps, DecodePath::kPersistent, graphs);
   ASSERT_EQ(got.size(), want.size());
   size_t bad = 0, first = 0;

@@ -413,18 +413,23 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
   DevBuf<float> dq(q), dpart(cuda::attention_decode_scratch_floats(M, Hkv, D));
   DevBuf<int32_t> dpos(positions), dbt(bt), dbo(bt_off), dtk(std::vector<int32_t>(size_t(M) * Hkv * G, 0));
   // Every head grouping, with and without the older keys read before the wait (kv_stable: each query is
-  // its own sequence here); the second launch of each checks the tickets were reset.
-  for (int run = 0; run < 16; ++run) {
-    const int heads = 8 >> (run / 4);
+  // its own sequence here), then the tensor-core kernel (D = 64); the second launch of each checks the
+  // tickets were reset.
+  const int runs = D == 64 ? 20 : 16;
+  for (int run = 0; run < runs; ++run) {
+    const bool mma = run >= 16;
+    const int heads = mma ? 8 : 8 >> (run / 4);
     const bool kv_stable = (run / 2) & 1;
-    SCOPED_TRACE("heads_per_cta " + std::to_string(heads) + (kv_stable ? ", kv_stable" : ""));
+    SCOPED_TRACE(std::string(mma ? "tensor cores" : "heads_per_cta " + std::to_string(heads)) +
+                 (kv_stable ? ", kv_stable" : ""));
     dout.poison();
     cuda::AttnDecodeParams p;
     p.q = dq.p; p.q_stride = Hq * D; p.k_cache = dk.p; p.v_cache = dv.p; p.pos = dpos.p; p.bt_off = dbo.p;
     p.block_tables = dbt.p; p.sinks = ds.p; p.out = dout.p; p.partials = dpart.p; p.tickets = dtk.p;
     p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.block_size = bs; p.window = window; p.heads_per_cta = heads;
     p.kv_stable = kv_stable;
-    cuda::attention_decode(p, 0);
+    if (mma) cuda::attention_decode_mma(p, 0);
+    else cuda::attention_decode(p, 0);
     auto out = dout.get();
     for (int m = 0; m < M; ++m) {
       const int pos = positions[m], lo = window ? std::max(0, pos - window + 1) : 0;

@@ -1,0 +1,287 @@
+// Decode attention on tensor cores for full-context layers (attention_decode.h): one CTA per (KV head,
+// token, split) over kAttnMmaSplits splits, all 8 query heads of the KV head in the CTA.
+//
+// Why this shape: at depth 2048 the register kernel ran 17 splits x 2 head groups a KV head, more CTAs
+// than fit beside the qkv kernel's, so most of them started only as the qkv CTAs left and then walked
+// pos -> block table -> K/V on the layer's critical path. Here 8 CTAs a KV head (64 for one token) fit in
+// the free slots beside the qkv grid; each copies its whole split's K/V into shared memory before its
+// PDL wait (cp.async), and after it has only q, the current key and a few mma to do. The last split of a
+// KV head (an atomic ticket) merges the partials with the register kernel's merge.
+//
+// Math: S = Q K^T and O = P V as mma.sync m16n8k16 (bf16 in, fp32 accumulate) with the 8 heads as rows
+// 0-7 and their bf16 rounding residue as rows 8-15: q = q_hi + q_lo and p = p_hi + p_lo, and a thread
+// adds its row g and row g + 8 accumulators, so q and p enter with ~16 significant bits instead of bf16's 8
+// (K and V are bf16 in the cache: exact). Scores are in log2 units (q pre-scaled).
+#include <string>
+
+#include "kernels/attention_decode/attention_decode.h"
+#include "kernels/attention_decode/attention_decode_body.cuh"
+#include "kernels/common/async_copy.cuh"
+#include "kernels/common/cta_trace.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/l2_prefetch.cuh"
+#include "kernels/common/pdl.cuh"
+#include "kernels/decode/mma_tile.cuh"
+
+namespace mx::cuda {
+namespace {
+
+constexpr int D = 64, G = kAttnDecodeGroup, kWarps = 4, kThreads = 32 * kWarps, kChunk = 32;
+constexpr int kKeys = kAttnMmaKeys;  // key rows held at once (one pass)
+constexpr int kRow = D * 2;          // bytes of a key's K (or V) row of one KV head
+constexpr int kMinPer = 64;          // a split has at least this many keys (short contexts: fewer splits)
+constexpr size_t kSmem = size_t(2) * kKeys * kRow;
+static_assert(kKeys % kChunk == 0, "passes hold whole chunks");
+constexpr int kChunksPerWarp = (kKeys / kChunk + kWarps - 1) / kWarps;  // a warp's chunks in one pass
+static_assert(size_t(kWarps) * G * D * 4 <= kSmem, "the warps' outputs reuse the K/V buffer");
+
+// Byte offset of 16-byte piece c (dims 8c..8c+7) of smem row r: XOR-swizzled so the 8 rows an ldmatrix
+// reads for one piece column fall in 8 different bank groups.
+__device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * kRow + ((c ^ (r & 7)) << 4)); }
+
+__device__ __forceinline__ uint32_t bf16_bits_rn(float f) {  // finite inputs only
+  const uint32_t u = __float_as_uint(f);
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ float bf16_value(uint32_t bits) { return __uint_as_float(bits << 16); }
+// (hi, lo) bf16x2 pairs of two floats: hi = bf16(x), lo = bf16(x - hi).
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const uint32_t h0 = bf16_bits_rn(x0), h1 = bf16_bits_rn(x1);
+  hi = h0 | (h1 << 16);
+  lo = bf16_bits_rn(x0 - bf16_value(h0)) | (bf16_bits_rn(x1 - bf16_value(h1)) << 16);
+}
+
+constexpr int kStride = 2 * G + G * D;  // a split's partial: max[G], sum[G], output[G][D] (as the register kernel's)
+
+// The partial of keys [begin, end) of (token row n, KV head kvh) into dst. Contains the PDL wait and CTA
+// barriers.
+__device__ __forceinline__ void split_partial(const AttnDecodeParams& p, int kvh, int n, int pos, int begin, int end,
+                                              float* dst) {
+  extern __shared__ __align__(128) uint8_t kv_smem[];
+  uint8_t* ks = kv_smem;
+  uint8_t* vs = kv_smem + kKeys * kRow;
+  __shared__ int bts[kKeys + 1];
+  __shared__ float wm[kWarps][G], wl[kWarps][G];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int bs = p.block_size;
+  const int32_t* bt = p.block_tables + ld_keep(p.bt_off + n);
+
+  // Keys [k0, k1) into smem rows 0.. (the block-table entries staged first: one round trip, not one a
+  // key); rows up to the next whole chunk are zero-filled, since a masked P of 0 times a non-finite
+  // stale V would still poison O. `skip`: a key not to read (written by the kernel before the wait).
+  auto load_pass = [&](int k0, int k1, int skip) {
+    const int b0 = k0 / bs, nb = (k1 - 1) / bs - b0 + 1;
+    for (int i = tid; i < nb; i += kThreads) bts[i] = ld_keep(bt + b0 + i);
+    __syncthreads();
+    const int rows = (k1 - k0 + kChunk - 1) / kChunk * kChunk;
+    for (int i = tid; i < rows * 8; i += kThreads) {
+      const int r = i >> 3, c = i & 7, j = k0 + r;
+      if (j == skip) continue;  // filled after the wait
+      const bool valid = j < k1;
+      const size_t off = valid ? ((size_t(bts[j / bs - b0]) * bs + j % bs) * p.Hkv + kvh) * D + 8 * c : 0;
+      cp_async16(ks + swz(r, c), p.k_cache + off, valid);
+      cp_async16(vs + swz(r, c), p.v_cache + off, valid);
+    }
+    cp_async_commit();
+  };
+  const int k1_first = min(end, begin + kKeys);
+  const bool early = p.kv_stable;  // keys before pos are final: read them while the qkv kernel runs
+  if (early) load_pass(begin, k1_first, pos);
+  TracedPdlWait{p.trace.buf}();
+  if (!early) {
+    load_pass(begin, k1_first, -1);
+  } else if (pos < k1_first && tid < 8) {  // the current key, written by the kernel before
+    const int r = pos - begin;
+    const size_t off = ((size_t(bts[pos / bs - begin / bs]) * bs + pos % bs) * p.Hkv + kvh) * D + 8 * tid;
+    cp_async16(ks + swz(r, tid), p.k_cache + off);
+    cp_async16(vs + swz(r, tid), p.v_cache + off);
+    cp_async_commit();
+  }
+
+  // Q fragments (A operand, 4 k-steps of 16 dims): row g = head g's bf16 part, row g + 8 its residue.
+  uint32_t qa[4][4];
+  {
+    const float* qp = p.q + size_t(n) * p.q_stride + size_t(kvh * G + g) * D + 2 * t;
+    float2 qv[4][2];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      qv[kk][0] = *reinterpret_cast<const float2*>(qp + 16 * kk);
+      qv[kk][1] = *reinterpret_cast<const float2*>(qp + 16 * kk + 8);
+    }
+    const float qscale = body::kLog2e * rsqrtf(float(D));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      split_pair(qv[kk][0].x * qscale, qv[kk][0].y * qscale, qa[kk][0], qa[kk][1]);
+      split_pair(qv[kk][1].x * qscale, qv[kk][1].y * qscale, qa[kk][2], qa[kk][3]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  trace_probe<5>(p.trace.buf);
+
+  float m = -INFINITY, l = 0.f;  // head g's running max and (this thread's part of the) sum
+  float o[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  for (int k0 = begin; k0 < end; k0 += kKeys) {
+    const int k1 = min(end, k0 + kKeys);
+    if (k0 != begin) {  // long contexts: the next pass after the previous one's reads
+      __syncthreads();
+      load_pass(k0, k1, -1);
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    // This warp's chunks of the pass (c = k0 + 32 (warp + 4 i)) as one batch: the scores of all of them,
+    // one max, then P V, so the chunks' mma chains overlap instead of queueing behind an online softmax
+    // step each (three chunks one after another took ~2 us after the wait).
+    const int nch = (k1 - k0 - warp * kChunk + kWarps * kChunk - 1) / (kWarps * kChunk);
+    float s[kChunksPerWarp][4][4];
+#pragma unroll
+    for (int ch = 0; ch < kChunksPerWarp; ++ch)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s[ch][j][0] = s[ch][j][1] = s[ch][j][2] = s[ch][j][3] = 0.f;
+    // S = Q K^T, 32 keys a chunk: 4 n-tiles of 8 keys; ldmatrix x4 gives b0 / b1 of two n-tiles.
+#pragma unroll
+    for (int ch = 0; ch < kChunksPerWarp; ++ch) {
+      if (ch >= nch) break;
+      const int r0 = (warp + kWarps * ch) * kChunk;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp) {
+          const int mi = lane >> 3, key = r0 + jp * 16 + (lane & 7) + (mi >> 1) * 8, pc = kk * 2 + (mi & 1);
+          uint32_t b[4];
+          ldmatrix_x4(b[0], b[1], b[2], b[3], ks + swz(key, pc));
+          mma::mma_16816(s[ch][2 * jp], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[0], b[1]);
+          mma::mma_16816(s[ch][2 * jp + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b[2], b[3]);
+        }
+    }
+    // Row g's score of key r0 + 8j + 2t + e is s[j][e] + s[j][e + 2] (its bf16 part and residue).
+    float cmax = -INFINITY;
+#pragma unroll
+    for (int ch = 0; ch < kChunksPerWarp; ++ch)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = k0 + (warp + kWarps * ch) * kChunk + 8 * j + 2 * t + e;
+          s[ch][j][e] = ch < nch && key < k1 ? s[ch][j][e] + s[ch][j][e + 2] : -INFINITY;
+          cmax = fmaxf(cmax, s[ch][j][e]);
+        }
+    if (nch == 0) continue;  // warp-uniform: no keys for this warp in this pass
+    cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, 1));
+    cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, 2));
+    const float mn = fmaxf(m, cmax);  // finite: the warp's first key is in range
+    const float corr = exp2f(m - mn);
+    m = mn;
+    // P as the A operand of P V, k-step kk = keys 16 kk ..: (hi, lo) of n-tile 2 kk then of 2 kk + 1.
+    uint32_t pa[kChunksPerWarp][2][4];
+    float psum = 0.f;
+#pragma unroll
+    for (int ch = 0; ch < kChunksPerWarp; ++ch)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p0 = exp2f(s[ch][j][0] - mn), p1 = exp2f(s[ch][j][1] - mn);
+        psum += p0 + p1;
+        split_pair(p0, p1, pa[ch][j >> 1][(j & 1) * 2], pa[ch][j >> 1][(j & 1) * 2 + 1]);
+      }
+    l = l * corr + psum;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      o[j][0] *= corr; o[j][1] *= corr; o[j][2] *= corr; o[j][3] *= corr;
+    }
+    // O += P V: V rows are keys (k), columns dims (n): the transposed ldmatrix gives the col operand.
+#pragma unroll
+    for (int ch = 0; ch < kChunksPerWarp; ++ch) {
+      if (ch >= nch) break;
+      const int r0 = (warp + kWarps * ch) * kChunk;
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int jp = 0; jp < 4; ++jp) {
+          const int mi = lane >> 3, key = r0 + kk * 16 + (lane & 7) + (mi & 1) * 8, pc = jp * 2 + (mi >> 1);
+          uint32_t b[4];
+          ldmatrix_x4_trans(b[0], b[1], b[2], b[3], vs + swz(key, pc));
+          mma::mma_16816(o[2 * jp], pa[ch][kk][0], pa[ch][kk][1], pa[ch][kk][2], pa[ch][kk][3], b[0], b[1]);
+          mma::mma_16816(o[2 * jp + 1], pa[ch][kk][0], pa[ch][kk][1], pa[ch][kk][2], pa[ch][kk][3], b[2], b[3]);
+        }
+    }
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // The warps' (max, sum, output) into shared memory (the K/V buffer, now read), then the split's partial.
+  __syncthreads();
+  float* wo = reinterpret_cast<float*>(kv_smem);  // [kWarps][G][D]
+  if (t == 0) { wm[warp][g] = m; wl[warp][g] = l; }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float* wp = wo + (warp * G + g) * D + 8 * j + 2 * t;
+    wp[0] = o[j][0] + o[j][2];
+    wp[1] = o[j][1] + o[j][3];
+  }
+  __syncthreads();
+  trace_probe<6>(p.trace.buf);
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int h = i / D, d = i % D;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
+    float acc = 0.f, sum = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (wm[w][h] == -INFINITY) continue;  // a warp without keys
+      const float f = exp2f(wm[w][h] - mx);
+      acc += f * wo[(w * G + h) * D + d];
+      sum += f * wl[w][h];
+    }
+    dst[2 * G + i] = acc;
+    if (d == 0) { dst[h] = mx; dst[G + h] = sum; }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p) {
+  __shared__ bool last;
+  trace_begin(p.trace);
+  const int kvh = blockIdx.x, qi = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+  const int n = p.rows ? p.rows[qi] : qi;
+  if (tid == 0) l2_prefetch_keep(p.sinks + kvh * G, G * 2);  // read by the merge
+  const int pos = ld_keep(p.pos + n), lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
+  const int per = max(kMinPer, ((nk + kAttnMmaSplits - 1) / kAttnMmaSplits + kChunk - 1) / kChunk * kChunk);
+  const int nsplit = (nk + per - 1) / per;
+  // A split past the context leaves before the wait and is not counted by the ticket.
+  if (split >= nsplit) {
+    trace_end(p.trace, 1);
+    return;
+  }
+  const int begin = lo + split * per, end = min(pos + 1, begin + per);
+  float* part = p.partials + (size_t(qi) * p.Hkv + kvh) * kAttnDecodeSplits * kStride;
+  split_partial(p, kvh, n, pos, begin, end, part + size_t(split) * kStride);
+  // One acquire-release ticket publishes the CTA's partial and, for the last split, makes the others'
+  // visible (as in attention_decode_body.cuh). A cluster of the 8 splits merging through DSMEM instead
+  // measured slower: clusters of 8 CTAs did not all find room beside the qkv grid and started late
+  // (docs/perf.md, session 19).
+  __syncthreads();
+  int* ticket = p.tickets + qi * p.Hkv + kvh;
+  if (tid == 0) last = body::atomic_add_acq_rel(ticket, 1) == nsplit - 1;
+  __syncthreads();
+  trace_probe<7>(p.trace.buf);
+  if (last) {
+    body::merge_splits_one_round<D, G>(p, part, nsplit, kvh, 0, n, body::CtaTeam{});
+    if (tid == 0) *ticket = 0;  // ready for the next launch / graph replay
+  }
+  trace_end(p.trace, 1);
+}
+
+}  // namespace
+
+void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s) {
+  if (p.D != D) throw_error("attention_decode_mma: head_dim " + std::to_string(p.D) + " is not instantiated (64)");
+  if (p.Hq != G * p.Hkv) throw_error("attention_decode_mma: needs 8 query heads per KV head");
+  static const bool init = [] {
+    MX_CUDA(cudaFuncSetAttribute(attn_decode_mma_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)init;
+  launch_pdl(attn_decode_mma_k, dim3(p.Hkv, p.M, kAttnMmaSplits), dim3(kThreads), kSmem, s, p);
+}
+
+}  // namespace mx::cuda
