@@ -36,9 +36,10 @@ __global__ void __launch_bounds__(128) gemv_k(GemvParams p, CtaTrace tr) {
 }
 
 // One token, one 16-row tile per CTA (KSPLIT warps): the o-proj, then the router's partial sums over
-// the tile's rows (OProjRouterParams). Thread e holds expert e's router weights times gamma for the
-// 16 rows, loaded before the wait.
-__global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
+// the tile's rows (OProjRouterParams). Thread e loads expert e's router weights and gamma for the 16 rows
+// before the wait and multiplies them in the epilogue: on sliding layers these CTAs only enter once the
+// attention has finished, and a product formed before the wait held the wait for their round trip.
+__global__ void __launch_bounds__(128, 3) oproj_router_m1_k(OProjRouterParams p) {
   static_assert(body::kWarps / body::kOprojSplit == 1, "one tile per CTA");
   extern __shared__ __align__(16) uint16_t xs[];
   __shared__ float red[body::kWarps * 32 * 4];
@@ -47,24 +48,21 @@ __global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
   trace_begin(o.trace);
   body::PlainTile<body::kOprojSplit, body::kOprojU> pt(o.w, o.N, o.K, blockIdx.x);
   const int e = threadIdx.x, r0 = blockIdx.x * 16;
-  float wg[16];
-  if (e < p.E && r0 + 16 <= o.N && o.N % 8 == 0) {  // 16-byte aligned rows
+  const bool aligned = e < p.E && r0 + 16 <= o.N && o.N % 8 == 0;  // 16-byte aligned rows
+  uint4 rw[2] = {}, rg[2] = {};
+  if (aligned) {
     const uint4* wr = reinterpret_cast<const uint4*>(p.router_w + size_t(e) * o.N + r0);
     const uint4* gr = reinterpret_cast<const uint4*>(p.norm_w + r0);
-    const uint4 w0 = wr[0], w1 = wr[1], g0 = gr[0], g1 = gr[1];
-    const uint32_t w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    const uint32_t gg[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      wg[2 * j] = bf16_lo(w[j]) * bf16_lo(gg[j]);  // exact: bf16 x bf16 fits in fp32
-      wg[2 * j + 1] = bf16_hi(w[j]) * bf16_hi(gg[j]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-      wg[j] = e < p.E && r0 + j < o.N ? bf(p.router_w[size_t(e) * o.N + r0 + j]) * bf(p.norm_w[r0 + j]) : 0.f;
+    rw[0] = wr[0], rw[1] = wr[1], rg[0] = gr[0], rg[1] = gr[1];
   }
   if (o.bias && threadIdx.x == 0) l2_prefetch_keep(o.bias + r0, uint32_t(min(16, o.N - r0)) * 2);  // the epilogue's
+  // The residual rows this lane adds (lanes (g, 0) of warp 0): written by the qkv kernel, which has finished
+  // before this grid launches.
+  const int gl = (threadIdx.x & 31) >> 2;
+  float xr[2] = {0.f, 0.f};
+  if (threadIdx.x < 32 && (threadIdx.x & 3) == 0)
+    for (int i = 0; i < 2; ++i)
+      if (r0 + gl + 8 * i < o.N) xr[i] = o.x[r0 + gl + 8 * i];
   TracedPdlWait{o.trace.buf}();
   stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, false, xs);
   __syncthreads();
@@ -77,11 +75,25 @@ __global__ void __launch_bounds__(128) oproj_router_m1_k(OProjRouterParams p) {
       const int r = r0 + g + 8 * i;
       float h = 0.f;
       if (r < o.N) {
-        h = o.x[r] + c[2 * i] + (o.bias ? bf(o.bias[r]) : 0.f);
+        h = xr[i] + c[2 * i] + (o.bias ? bf(o.bias[r]) : 0.f);
         o.x[r] = h;
       }
       hs[g + 8 * i] = h;
     }
+  }
+  float wg[16];
+  if (aligned) {
+    const uint32_t w[8] = {rw[0].x, rw[0].y, rw[0].z, rw[0].w, rw[1].x, rw[1].y, rw[1].z, rw[1].w};
+    const uint32_t gg[8] = {rg[0].x, rg[0].y, rg[0].z, rg[0].w, rg[1].x, rg[1].y, rg[1].z, rg[1].w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      wg[2 * j] = bf16_lo(w[j]) * bf16_lo(gg[j]);  // exact: bf16 x bf16 fits in fp32
+      wg[2 * j + 1] = bf16_hi(w[j]) * bf16_hi(gg[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      wg[j] = e < p.E && r0 + j < o.N ? bf(p.router_w[size_t(e) * o.N + r0 + j]) * bf(p.norm_w[r0 + j]) : 0.f;
   }
   __syncthreads();
   if (e < p.E) {
