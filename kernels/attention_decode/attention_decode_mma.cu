@@ -39,16 +39,11 @@ static_assert(size_t(kWarps) * G * D * 4 <= kSmem, "the warps' outputs reuse the
 // reads for one piece column fall in 8 different bank groups.
 __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * kRow + ((c ^ (r & 7)) << 4)); }
 
-__device__ __forceinline__ uint32_t bf16_bits_rn(float f) {  // finite inputs only
-  const uint32_t u = __float_as_uint(f);
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-__device__ __forceinline__ float bf16_value(uint32_t bits) { return __uint_as_float(bits << 16); }
-// (hi, lo) bf16x2 pairs of two floats: hi = bf16(x), lo = bf16(x - hi).
+// (hi, lo) bf16x2 pairs of two finite floats: hi = bf16(x), lo = bf16(x - hi), both rounded to nearest even.
 __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const uint32_t h0 = bf16_bits_rn(x0), h1 = bf16_bits_rn(x1);
+  const uint32_t h0 = body::attn_to_bf(x0), h1 = body::attn_to_bf(x1);
   hi = h0 | (h1 << 16);
-  lo = bf16_bits_rn(x0 - bf16_value(h0)) | (bf16_bits_rn(x1 - bf16_value(h1)) << 16);
+  lo = uint32_t(body::attn_to_bf(x0 - mma::bf16_lo(h0))) | (uint32_t(body::attn_to_bf(x1 - mma::bf16_lo(h1))) << 16);
 }
 
 constexpr int kStride = 2 * G + G * D;  // a split's partial: max[G], sum[G], output[G][D] (as the register kernel's)

@@ -58,18 +58,17 @@ __global__ void __launch_bounds__(128, 3) oproj_router_m1_k(OProjRouterParams p)
   if (o.bias && threadIdx.x == 0) l2_prefetch_keep(o.bias + r0, uint32_t(min(16, o.N - r0)) * 2);  // the epilogue's
   // The residual rows this lane adds (lanes (g, 0) of warp 0): written by the qkv kernel, which has finished
   // before this grid launches.
-  const int gl = (threadIdx.x & 31) >> 2;
+  const int g = (threadIdx.x & 31) >> 2;
   float xr[2] = {0.f, 0.f};
   if (threadIdx.x < 32 && (threadIdx.x & 3) == 0)
     for (int i = 0; i < 2; ++i)
-      if (r0 + gl + 8 * i < o.N) xr[i] = o.x[r0 + gl + 8 * i];
+      if (r0 + g + 8 * i < o.N) xr[i] = o.x[r0 + g + 8 * i];
   TracedPdlWait{o.trace.buf}();
   stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, false, xs);
   __syncthreads();
   trace_probe(o.trace.buf);
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   if (pt.run(xs, 1, o.K, red, c) && (threadIdx.x & 3) == 0) {  // lanes (g, 0): token 0, rows g and g + 8
-    const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int r = r0 + g + 8 * i;
