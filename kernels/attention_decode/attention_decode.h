@@ -29,6 +29,9 @@ struct AttnDecodeParams {
   uint16_t* out = nullptr;              // bf16 [tokens, Hq * D]
   float* partials = nullptr;            // attention_decode_scratch_floats(M, Hkv, D)
   int* tickets = nullptr;               // [M * Hkv * 8], zero before the first launch; left zero
+  // attention_decode_mma only: its splits' partials as tagged words (attention_decode_mma_scratch_words),
+  // zero before the first launch.
+  unsigned long long* mma_partials = nullptr;
   int M = 1, Hq = 64, Hkv = 8, D = 64, block_size = 16;
   int window = 0;                       // 0 = full attention
   // Query heads per CTA (8, 4, 2 or 1): fewer shorten each CTA's chain of dependent math
@@ -62,6 +65,11 @@ void attention_decode(const AttnDecodeParams& p, cudaStream_t s);
 // shared-memory carveout (pdl.cuh) to fit beside the qkv kernel.
 constexpr int kAttnMmaSplits = 8;
 constexpr int kAttnMmaKeys = 320;  // 80 KB of K and V rows
+// Per (token, KV head): each split's partial as 64-bit words (launch tag << 32 | float bits), max and sum
+// of the 8 heads then the output [8][64], and after the splits the count of finished launches (the tag).
+constexpr size_t kAttnMmaPartialWords = 2 * kAttnDecodeGroup + kAttnDecodeGroup * 64;
+constexpr size_t kAttnMmaRecordWords = kAttnMmaSplits * kAttnMmaPartialWords + 2;
+inline size_t attention_decode_mma_scratch_words(int M, int Hkv) { return size_t(M) * Hkv * kAttnMmaRecordWords; }
 constexpr int attention_decode_mma_max_keys() { return kAttnMmaSplits * kAttnMmaKeys; }
 void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s);
 

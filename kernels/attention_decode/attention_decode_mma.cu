@@ -46,12 +46,36 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uin
   lo = uint32_t(body::attn_to_bf(x0 - mma::bf16_lo(h0))) | (uint32_t(body::attn_to_bf(x1 - mma::bf16_lo(h1))) << 16);
 }
 
-constexpr int kStride = 2 * G + G * D;  // a split's partial: max[G], sum[G], output[G][D] (as the register kernel's)
+constexpr int kPW = int(kAttnMmaPartialWords);  // a split's partial: (max, sum)[G], then output[G][D]
+static_assert(kPW == 2 * G + G * D, "attention_decode.h sizes the record for D = 64");
+static_assert(G * D == 4 * kThreads, "a thread owns 4 output values of the partial and of the merge");
 
-// The partial of keys [begin, end) of (token row n, KV head kvh) into dst. Contains the PDL wait and CTA
-// barriers.
-__device__ __forceinline__ void split_partial(const AttnDecodeParams& p, int kvh, int n, int pos, int begin, int end,
-                                              float* dst) {
+// Partials travel as 64-bit words, (launch tag << 32) | float bits: a 64-bit access is single-copy atomic,
+// so a reader that sees the tag sees the value. The last split then needs no fence before its ticket
+// (the ticket's round trip overlaps the partial's stores) and polls the others' words until all carry
+// the tag, instead of a release fence, the ticket and the loads one round trip after another.
+__device__ __forceinline__ unsigned long long tagged(float v, uint32_t tag) {
+  return (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
+}
+__device__ __forceinline__ void st_relaxed_v2(unsigned long long* p, unsigned long long a, unsigned long long b) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+__device__ __forceinline__ void ld_relaxed_v2(const unsigned long long* p, unsigned long long& a,
+                                              unsigned long long& b) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_relaxed_lo(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return uint32_t(v);
+}
+__device__ __forceinline__ bool has_tag(unsigned long long w, uint32_t tag) { return uint32_t(w >> 32) == tag; }
+__device__ __forceinline__ float word_value(unsigned long long w) { return __uint_as_float(uint32_t(w)); }
+
+// The partial of keys [begin, end) of (token row n, KV head kvh) into split `split` of rec, tagged with
+// the launch's tag, which it returns. Contains the PDL wait and CTA barriers.
+__device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int kvh, int n, int pos, int begin,
+                                                  int end, unsigned long long* rec, int split) {
   extern __shared__ __align__(128) uint8_t kv_smem[];
   uint8_t* ks = kv_smem;
   uint8_t* vs = kv_smem + kKeys * kRow;
@@ -92,6 +116,9 @@ __device__ __forceinline__ void split_partial(const AttnDecodeParams& p, int kvh
     cp_async16(vs + swz(r, tid), p.v_cache + off);
     cp_async_commit();
   }
+
+  // After the wait: the previous launch on this record has finished, and its last split counted it.
+  const uint32_t tag = ld_relaxed_lo(rec + kAttnMmaSplits * kPW) + 1;
 
   // Q fragments (A operand, 4 k-steps of 16 dims): row g = head g's bf16 part, row g + 8 its residue.
   uint32_t qa[4][4];
@@ -217,20 +244,73 @@ __device__ __forceinline__ void split_partial(const AttnDecodeParams& p, int kvh
   }
   __syncthreads();
   trace_probe<6>(p.trace.buf);
-  for (int i = tid; i < G * D; i += kThreads) {
-    const int h = i / D, d = i % D;
+  {
+    const int h = tid / (D / 4), d = 4 * (tid % (D / 4));  // this thread's 4 values
     float mx = -INFINITY;
     for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
-    float acc = 0.f, sum = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f}, sum = 0.f;
     for (int w = 0; w < kWarps; ++w) {
       if (wm[w][h] == -INFINITY) continue;  // a warp without keys
       const float f = exp2f(wm[w][h] - mx);
-      acc += f * wo[(w * G + h) * D + d];
+      const float4 v = *reinterpret_cast<const float4*>(wo + (w * G + h) * D + d);
+      acc[0] += f * v.x; acc[1] += f * v.y; acc[2] += f * v.z; acc[3] += f * v.w;
       sum += f * wl[w][h];
     }
-    dst[2 * G + i] = acc;
-    if (d == 0) { dst[h] = mx; dst[G + h] = sum; }
+    unsigned long long* dst = rec + size_t(split) * kPW;
+    st_relaxed_v2(dst + 2 * G + 4 * tid, tagged(acc[0], tag), tagged(acc[1], tag));
+    st_relaxed_v2(dst + 2 * G + 4 * tid + 2, tagged(acc[2], tag), tagged(acc[3], tag));
+    if (d == 0) st_relaxed_v2(dst + 2 * h, tagged(mx, tag), tagged(sum, tag));
   }
+  return tag;
+}
+
+// The last split merges the nsplit partials of rec with the sink: thread tid owns output values 4 tid ..
+// 4 tid + 3 (head tid / 16) and loads their words and its head's (max, sum) of every split at once, then
+// reloads any split whose words do not carry the tag yet (stores still in flight). Then it counts the
+// launch on the record.
+__device__ __forceinline__ void merge_tagged(const AttnDecodeParams& p, unsigned long long* rec, uint32_t tag,
+                                             int nsplit, int kvh, int n) {
+  const int tid = threadIdx.x, h = tid / (D / 4);
+  const float sink = bf(p.sinks[kvh * G + h]) * body::kLog2e;
+  unsigned long long w[kAttnMmaSplits][6];
+  auto load = [&](int sp) {
+    const unsigned long long* src = rec + size_t(sp) * kPW;
+    ld_relaxed_v2(src + 2 * h, w[sp][0], w[sp][1]);
+    ld_relaxed_v2(src + 2 * G + 4 * tid, w[sp][2], w[sp][3]);
+    ld_relaxed_v2(src + 2 * G + 4 * tid + 2, w[sp][4], w[sp][5]);
+  };
+  auto ready = [&](int sp) {
+    bool ok = true;
+#pragma unroll
+    for (int i = 0; i < 6; ++i) ok &= has_tag(w[sp][i], tag);
+    return ok;
+  };
+#pragma unroll
+  for (int sp = 0; sp < kAttnMmaSplits; ++sp)
+    if (sp < nsplit) load(sp);
+#pragma unroll
+  for (int sp = 0; sp < kAttnMmaSplits; ++sp)
+    if (sp < nsplit)
+      while (!ready(sp)) load(sp);
+  float mx = sink;
+#pragma unroll
+  for (int sp = 0; sp < kAttnMmaSplits; ++sp)
+    if (sp < nsplit) mx = fmaxf(mx, word_value(w[sp][0]));
+  float dn = exp2f(sink - mx), acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int sp = 0; sp < kAttnMmaSplits; ++sp) {
+    if (sp >= nsplit) break;
+    const float f = exp2f(word_value(w[sp][0]) - mx);  // a split always has keys: its max is finite
+    dn += f * word_value(w[sp][1]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += f * word_value(w[sp][2 + i]);
+  }
+  uint2 o;
+  o.x = uint32_t(body::attn_to_bf(acc[0] / dn)) | uint32_t(body::attn_to_bf(acc[1] / dn)) << 16;
+  o.y = uint32_t(body::attn_to_bf(acc[2] / dn)) | uint32_t(body::attn_to_bf(acc[3] / dn)) << 16;
+  *reinterpret_cast<uint2*>(p.out + size_t(n) * p.Hq * D + size_t(kvh * G) * D + 4 * tid) = o;
+  __syncthreads();  // every thread has seen its words with this tag: the next launch may take the next one
+  if (tid == 0) rec[kAttnMmaSplits * kPW] = tag;
 }
 
 __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p) {
@@ -248,19 +328,18 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
     return;
   }
   const int begin = lo + split * per, end = min(pos + 1, begin + per);
-  float* part = p.partials + (size_t(qi) * p.Hkv + kvh) * kAttnDecodeSplits * kStride;
-  split_partial(p, kvh, n, pos, begin, end, part + size_t(split) * kStride);
-  // One acquire-release ticket publishes the CTA's partial and, for the last split, makes the others'
-  // visible (as in attention_decode_body.cuh). A cluster of the 8 splits merging through DSMEM instead
-  // measured slower: clusters of 8 CTAs did not all find room beside the qkv grid and started late
-  // (docs/perf.md, session 19).
+  unsigned long long* rec = p.mma_partials + (size_t(qi) * p.Hkv + kvh) * kAttnMmaRecordWords;
+  const uint32_t tag = split_partial(p, kvh, n, pos, begin, end, rec, split);
+  // The ticket only elects the merging CTA (the last to arrive); the tags order the data (see tagged()).
+  // A cluster of the 8 splits merging through DSMEM measured slower: clusters of 8 CTAs did not all find
+  // room beside the qkv grid and started late (docs/perf.md, session 19).
   __syncthreads();
   int* ticket = p.tickets + qi * p.Hkv + kvh;
-  if (tid == 0) last = body::atomic_add_acq_rel(ticket, 1) == nsplit - 1;
+  if (tid == 0) last = atomicAdd(ticket, 1) == nsplit - 1;
   __syncthreads();
   trace_probe<7>(p.trace.buf);
   if (last) {
-    body::merge_splits_one_round<D, G>(p, part, nsplit, kvh, 0, n, body::CtaTeam{});
+    merge_tagged(p, rec, tag, nsplit, kvh, n);
     if (tid == 0) *ticket = 0;  // ready for the next launch / graph replay
   }
   trace_end(p.trace, 1);
@@ -271,6 +350,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
 void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s) {
   if (p.D != D) throw_error("attention_decode_mma: head_dim " + std::to_string(p.D) + " is not instantiated (64)");
   if (p.Hq != G * p.Hkv) throw_error("attention_decode_mma: needs 8 query heads per KV head");
+  if (!p.mma_partials) throw_error("attention_decode_mma: mma_partials (attention_decode_mma_scratch_words) not set");
   static const bool init = [] {
     MX_CUDA(cudaFuncSetAttribute(attn_decode_mma_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
     return true;

@@ -160,7 +160,8 @@ void CudaRunner::plan_memory() {
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(moe_max_tiles_) * 4, size_t(moe_max_tiles_) * 4, 4,
       T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,
       cuda::decode_step_counter_words(c.num_layers) * 4, c.num_layers * sizeof(cuda::DecodeStepLayer),
-      size_t(c.num_layers) * E * 8, size_t(cuda::oproj_router_tiles(int(H))) * 4};  // one-token router sums
+      size_t(c.num_layers) * E * 8, size_t(cuda::oproj_router_tiles(int(H))) * 4,  // one-token router sums
+      cuda::attention_decode_mma_scratch_words(cuda::kDecodeMaxTokens, c.num_kv_heads) * 8};  // decode path only
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
   // KV: one K and one V array per (full, sliding) layer pair. A block is a page of the full layers
@@ -241,6 +242,7 @@ void CudaRunner::plan_memory() {
   step_layers_ = reinterpret_cast<cuda::DecodeStepLayer*>(next());
   route_acc_ = reinterpret_cast<long long*>(next());
   ss_part_ = f32();
+  attn_mma_part_ = reinterpret_cast<unsigned long long*>(next());
   std::vector<cuda::DecodeStepLayer> sl(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     const DevLayer& d = layers_[l];

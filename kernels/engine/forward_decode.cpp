@@ -67,7 +67,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     a.q = qkv_; a.q_stride = Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
     a.pos = m.pos + t0; a.bt_off = (sliding(l) ? m.bt_off_sw : m.bt_off) + t0; a.block_tables = m.bt;
     a.sinks = L.sinks; a.out = attn_;
-    a.partials = attn_part_; a.tickets = tickets_;
+    a.partials = attn_part_; a.tickets = tickets_; a.mma_partials = attn_mma_part_;
     a.M = M; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size;
     a.window = c.layer_is_sliding[l] ? c.sliding_window : 0;
     a.kv_stable = one_token_per_seq;

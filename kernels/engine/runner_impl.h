@@ -118,6 +118,7 @@ class CudaRunner final : public CudaRunnerBase {
   cuda::DecodeStepLayer* step_layers_ = nullptr;    // its per-layer pointers (device)
   long long* route_acc_ = nullptr;                  // one-token router sums [layers][E] (OProjRouterParams)
   float* ss_part_ = nullptr;                        // and the sums of squares of the current layer
+  unsigned long long* attn_mma_part_ = nullptr;     // attention_decode_mma's tagged partials (M <= 8)
   unsigned long long* step_trace_ = nullptr;        // diagnostics only: allocated by set_step_trace
   size_t step_trace_items_ = 0;
   size_t step_trace_words_ = 0;                     // its capacity

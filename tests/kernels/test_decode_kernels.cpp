@@ -412,6 +412,7 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
   DevBuf<uint16_t> dk(kc), dv(vc), ds(sinks), dout(size_t(M) * Hq * D);
   DevBuf<float> dq(q), dpart(cuda::attention_decode_scratch_floats(M, Hkv, D));
   DevBuf<int32_t> dpos(positions), dbt(bt), dbo(bt_off), dtk(std::vector<int32_t>(size_t(M) * Hkv * G, 0));
+  DevBuf<unsigned long long> dmma(std::vector<unsigned long long>(cuda::attention_decode_mma_scratch_words(M, Hkv), 0));
   // Every head grouping, with and without the older keys read before the wait (kv_stable: each query is
   // its own sequence here), then the tensor-core kernel (D = 64); the second launch of each checks the
   // tickets were reset.
@@ -426,6 +427,7 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     cuda::AttnDecodeParams p;
     p.q = dq.p; p.q_stride = Hq * D; p.k_cache = dk.p; p.v_cache = dv.p; p.pos = dpos.p; p.bt_off = dbo.p;
     p.block_tables = dbt.p; p.sinks = ds.p; p.out = dout.p; p.partials = dpart.p; p.tickets = dtk.p;
+    p.mma_partials = dmma.p;
     p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.block_size = bs; p.window = window; p.heads_per_cta = heads;
     p.kv_stable = kv_stable;
     if (mma) cuda::attention_decode_mma(p, 0);
