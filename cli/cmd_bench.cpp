@@ -31,6 +31,7 @@ struct BenchOptions {
   int moe_variant = 0;     // MoeDecodeParams::variant (experiments)
   bool router_kernel = false;  // CudaEngineOptions::router_kernel
   bool attention_registers = false;  // !CudaEngineOptions::attention_tensor_cores
+  bool no_decode_ahead = false;      // !CudaEngineOptions::decode_ahead
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
@@ -280,6 +281,7 @@ void run_bench(const BenchOptions& o) {
   eo.moe_variant = o.moe_variant;
   eo.router_kernel = o.router_kernel;
   eo.attention_tensor_cores = !o.attention_registers;
+  eo.decode_ahead = !o.no_decode_ahead;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
   r->set_use_graphs(!o.no_graphs);
@@ -353,6 +355,8 @@ void run_bench(const BenchOptions& o) {
             steps[b].sliding_table = bts[b].sliding;
             steps[b].sample = true;
             steps[b].sampling.temperature = 0;
+            steps[b].rng_step = uint64_t(t);
+            steps[b].expect_next = t + 1 < n;  // as the server's engine says it (max_tokens)
           }
           r->step(steps, out);
           // Fed back as the next input; the timing-only stream variants compute garbage (--stream-variant).
@@ -361,11 +365,14 @@ void run_bench(const BenchOptions& o) {
       };
       run_tg();  // warm-up
       std::vector<double> v;
+      const uint64_t used0 = r->decode_ahead_used();
       for (int rep = 0; rep < o.reps; ++rep) {
         auto a = std::chrono::steady_clock::now();
         run_tg();
         v.push_back(double(n) * B / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
       }
+      std::fprintf(stderr, "tg%d batch %d: %llu of %d steps were enqueued ahead (decode ahead)\n", n, B,
+                   static_cast<unsigned long long>(r->decode_ahead_used() - used0), n * o.reps);
       Row row{"tg" + std::to_string(n), B, stat(v)};
       const auto& c = r->config();
       const double kv_bytes = double(o.depth + n / 2) * c.kv_dim() * 2 * 2 * c.num_layers;  // K+V read per token (full layers bound)
@@ -437,6 +444,9 @@ void add_bench_command(CLI::App& app) {
                 "one-token steps run the router as its own kernel instead of inside the o-proj (A/B)");
   cmd->add_flag("--attention-registers", o->attention_registers,
                 "full layers' decode attention on the register kernel instead of tensor cores (A/B)");
+  cmd->add_flag("--no-decode-ahead", o->no_decode_ahead,
+                "each decode step waits for the host's turn instead of being enqueued before the previous "
+                "step's results are read (A/B)");
   cmd->callback([o] {
 #ifdef MXSERVE_HAVE_CUDA
     run_bench(*o);

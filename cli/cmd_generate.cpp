@@ -105,6 +105,7 @@ void run_generate(const GenerateOptions& o) {
     s.tokens = {&next, 1};
     s.start_pos = int(prompt.size()) + generated - 1;
     s.rng_step = uint64_t(generated);
+    s.expect_next = generated + 1 < o.max_tokens;
     runner.step({&s, 1}, res);
     next = res[0].token;
   }

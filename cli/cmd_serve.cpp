@@ -35,6 +35,7 @@ struct ServeOptions {
   int kv_tokens = 16384;
   double drain_timeout_s = 30;
   bool enable_prefix_caching = true;
+  bool decode_ahead = true;
   std::string dummy_weights;  // preset served with random GPU-made weights (benchmarks)
 };
 
@@ -82,7 +83,8 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
   auto runner = make_cuda_model_runner({.model_dir = o.model_dir, .gpu_memory_utilization = float(o.gpu_memory_utilization),
                                         .max_model_len = max_model_len, .max_num_seqs = o.max_num_seqs,
                                         .max_tokens_per_step = o.max_num_batched_tokens,
-                                        .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights});
+                                        .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights,
+                                        .decode_ahead = o.decode_ahead});
   const KvCacheShape kv = runner->kv_shape();
   return {std::move(runner), std::min(max_model_len, max_sequence_tokens(kv, o.max_num_batched_tokens)),
           "--gpu-memory-utilization"};
@@ -184,6 +186,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--request-timeout", o->srv.request_timeout_s, "seconds")->capture_default_str()->check(CLI::Range(1.0, 86400.0));
   cmd->add_option("--drain-timeout", o->drain_timeout_s, "seconds to finish in-flight requests on SIGTERM")->capture_default_str()->check(CLI::Range(0.0, 3600.0));
+  cmd->add_flag("--decode-ahead,!--no-decode-ahead", o->decode_ahead,
+                "(CUDA, default on) enqueue a decoding batch's next step before its results are read; a step "
+                "nobody then asks for (a stop token, a new request) is wasted work");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "reuse the KV of cached prompt prefixes across requests (default on)");
   cmd->callback([o] { run_serve(*o); });

@@ -52,6 +52,7 @@ std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
   eo.vocab_limit = f.vocab_limit;
   eo.dummy_weights = !f.dummy_preset.empty();
   eo.preset = f.dummy_preset;
+  eo.decode_ahead = f.decode_ahead;
   return make_cuda_runner(eo);
 #else
   (void)f;

@@ -24,6 +24,7 @@ struct CudaRunnerFlags {
   int num_kv_blocks = 0;        // 0 = as many as gpu_memory_utilization leaves room for
   int vocab_limit = 0;          // tokenizer size: ids past it are never sampled
   std::string dummy_preset;     // 20b | 120b: random weights made on the GPU, no checkpoint read
+  bool decode_ahead = true;     // CudaEngineOptions::decode_ahead
 };
 constexpr int kCudaBlockSize = 16;
 

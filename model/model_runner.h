@@ -39,6 +39,9 @@ struct SeqStep {
   bool sample = false;
   SamplingParams sampling;
   uint64_t rng_step = 0;     // index of the token being sampled within the request
+  // The caller expects to ask for this sequence's next token in the next step (a sampled sequence that
+  // is not at its length limit). A runner may start that step early (CudaEngineOptions::decode_ahead).
+  bool expect_next = false;
 };
 
 struct SampleResult {

@@ -330,6 +330,8 @@ bool Engine::step() {
     st.sample = s->num_computed + n == int(s->tokens.size());
     st.sampling = s->req.sampling;
     st.rng_step = uint64_t(s->generated);
+    // This step's token is not the last by length: the runner may start the next step early.
+    st.expect_next = st.sample && s->generated + 1 < s->req.max_tokens && int(s->tokens.size()) + 1 < max_model_len_;
     int prompt_left = int(s->req.prompt.size()) - s->num_computed;
     if (prompt_left > 0) prompt_tokens += uint64_t(std::min(prompt_left, n));
   }

@@ -15,9 +15,10 @@ __device__ __forceinline__ uint16_t to_bf(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-__global__ void embed_k(const uint16_t* E, const int32_t* tok, float* x, int H) {
+__global__ void embed_k(const uint16_t* E, const int32_t* tok, const int32_t* picked, float* x, int H) {
   const int m = blockIdx.x;
-  const uint16_t* row = E + size_t(tok[m]) * H;
+  const int32_t t = tok[m];
+  const uint16_t* row = E + size_t(t < 0 ? picked[m] : t) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(m) * H + i] = bf(row[i]);
 }
 
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride
 // One warp per row: merge the row's chunks (at most kArgmaxMaxChunks; lane l takes l, l + 32, ... in
 // order, all loaded first).
 __global__ void argmax_merge_k(const float* lg, int stride, int nchunks, const ArgmaxPart* parts, int32_t* tok,
-                               float* lp, int row0) {
+                               float* lp, int32_t* tok_dev, int row0) {
   const int s = row0 + blockIdx.x, lane = threadIdx.x;
   pdl_wait();
   pdl_launch_dependents();
@@ -163,7 +164,11 @@ __global__ void argmax_merge_k(const float* lg, int stride, int nchunks, const A
 #pragma unroll
   for (int u = 1; u < kPer; ++u) merge_part(a, q[u]);
   for (int o = 16; o; o >>= 1) merge_part(a, shfl_part(a, o));
-  if (lane == 0) { tok[s] = a.id; lp[s] = lg[size_t(s) * stride + a.id] - a.mx - logf(a.z); }
+  if (lane == 0) {
+    tok[s] = a.id;
+    lp[s] = lg[size_t(s) * stride + a.id] - a.mx - logf(a.z);
+    if (tok_dev) tok_dev[s] = a.id;
+  }
 }
 
 __global__ void fill_bf16_k(uint16_t* p, size_t n, float scale, float offset, uint64_t seed) {
@@ -181,8 +186,9 @@ __global__ void fill_u8_k(uint8_t* p, size_t n, uint8_t lo, uint8_t span, uint64
 
 }  // namespace
 
-void launch_embed_bf16(const uint16_t* e, const int32_t* t, float* x, int M, int H, cudaStream_t s) {
-  embed_k<<<M, 256, 0, s>>>(e, t, x, H);
+void launch_embed_bf16(const uint16_t* e, const int32_t* t, float* x, int M, int H, cudaStream_t s,
+                       const int32_t* picked) {
+  embed_k<<<M, 256, 0, s>>>(e, t, picked, x, H);
 }
 void launch_rmsnorm_bf16(const float* x, const int32_t* rows, const uint16_t* g, uint16_t* y, int M, int H, float eps,
                          cudaStream_t s) {
@@ -193,7 +199,7 @@ void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, 
   topk_k<<<(M + 63) / 64, 64, 0, s>>>(lg, idx, w, M, E, k);
 }
 void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* tok, float* lp, float* scratch,
-                           cudaStream_t s, const float* inv_temp, const uint64_t* key) {
+                           cudaStream_t s, const float* inv_temp, const uint64_t* key, int32_t* tok_dev) {
   if (S <= 0) return;
   const int nchunks = argmax_chunks(V_limit);
   const int chunk = (V_limit + nchunks - 1) / nchunks;
@@ -201,7 +207,7 @@ void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* 
   for (int r0 = 0; r0 < S; r0 += 65535) {  // grid.y limit
     const int n = std::min(S - r0, 65535);
     launch_pdl(argmax_part_k, dim3(nchunks, n), dim3(256), 0, s, lg, V, V_limit, chunk, inv_temp, key, parts, r0);
-    launch_pdl(argmax_merge_k, dim3(n), dim3(32), 0, s, lg, V, nchunks, parts, tok, lp, r0);
+    launch_pdl(argmax_merge_k, dim3(n), dim3(32), 0, s, lg, V, nchunks, parts, tok, lp, tok_dev, r0);
   }
 }
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s) {

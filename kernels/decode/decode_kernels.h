@@ -9,8 +9,10 @@
 
 namespace mx::cuda {
 
-// x[m, :] = embed[tokens[m], :]
-void launch_embed_bf16(const uint16_t* embed, const int32_t* tokens, float* x, int M, int H, cudaStream_t s);
+// x[m, :] = embed[tokens[m], :], or embed[picked[m], :] where tokens[m] < 0 (decode ahead: the token
+// the previous step picked on the device for row m).
+void launch_embed_bf16(const uint16_t* embed, const int32_t* tokens, float* x, int M, int H, cudaStream_t s,
+                       const int32_t* picked = nullptr);
 // y[i, :] = bf16(gamma * x[rows ? rows[i] : i, :] / rms)  (fp32 stats)
 void launch_rmsnorm_bf16(const float* x, const int32_t* rows, const uint16_t* gamma, uint16_t* y, int M, int H,
                          float eps, cudaStream_t s);
@@ -34,14 +36,14 @@ void launch_topk_softmax(const float* logits, int32_t* idx, float* w, int M, int
 // inv_temp[row] > 0, a sample from softmax(logits * inv_temp) by the Gumbel-max trick: the argmax of
 // logits * inv_temp - log(-log(u_i)), u_i a uniform derived from (key[row], i). out_lp = log-softmax of
 // the raw logits at the pick. out_tok [S], out_lp [S]; inv_temp / key [S] or null (all greedy).
-// scratch: argmax_scratch_floats(S, V_limit) floats.
+// scratch: argmax_scratch_floats(S, V_limit) floats. tok_dev (optional, device) gets a copy of out_tok.
 // Up to 128 chunks of >= 1024 logits: a 201k row is ~6 logits a thread, loaded in one round.
 constexpr int kArgmaxMaxChunks = 128;
 inline int argmax_chunks(int V_limit) { return std::clamp((V_limit + 1023) / 1024, 1, kArgmaxMaxChunks); }
 inline size_t argmax_scratch_floats(int S, int V_limit) { return size_t(S) * argmax_chunks(V_limit) * 4; }
 void launch_argmax_logprob(const float* logits, int S, int V, int V_limit, int32_t* out_tok, float* out_lp,
                            float* scratch, cudaStream_t s, const float* inv_temp = nullptr,
-                           const uint64_t* key = nullptr);
+                           const uint64_t* key = nullptr, int32_t* tok_dev = nullptr);
 // Random bf16 in [-scale, scale) / random bytes, generated on the device (dummy weights).
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s);
 void launch_fill_random_u8(uint8_t* p, size_t n, uint8_t lo, uint8_t span, uint64_t seed, cudaStream_t s);

@@ -1,5 +1,5 @@
 // CUDA runner: memory plan (one weights arena, one activation arena, paged bf16 KV cache), weight
-// upload through pinned staging, step() dispatch to the decode or prefill forward, CUDA graphs.
+// upload through pinned staging; step() and the decode graphs are in step.cpp.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -105,6 +105,8 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt) {
   mma_attention_ = opt.attention_tensor_cores && cfg_.head_dim == 64 && cfg_.num_heads == 8 * cfg_.num_kv_heads;
   events_.resize(1024);
   for (auto& e : events_) MX_CUDA(cudaEventCreate(&e));
+  for (auto& e : done_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (auto& e : copied_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 CudaRunner::~CudaRunner() {
@@ -112,12 +114,14 @@ CudaRunner::~CudaRunner() {
   for (auto g : graphs_)
     if (g) cudaGraphExecDestroy(g);
   for (auto e : events_) cudaEventDestroy(e);
+  for (auto e : done_) cudaEventDestroy(e);
+  for (auto e : copied_) cudaEventDestroy(e);
   if (gemm_) cuda::gemm_context_destroy(gemm_);
   cudaFree(weights_);
   if (step_trace_) cudaFree(step_trace_);
   cudaFree(act_);
   cudaFree(kv_);
-  cudaFreeHost(hmeta_.tok);
+  cudaFreeHost(hmeta_buf_[0].tok);
   cudaFreeHost(host_logits_);
   cudaFreeHost(host_res_);
   cudaStreamDestroy(stream_);
@@ -161,7 +165,8 @@ void CudaRunner::plan_memory() {
       T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,
       cuda::decode_step_counter_words(c.num_layers) * 4, c.num_layers * sizeof(cuda::DecodeStepLayer),
       size_t(c.num_layers) * E * 8, size_t(cuda::oproj_router_tiles(int(H))) * 4,  // one-token router sums
-      cuda::attention_decode_mma_scratch_words(cuda::kDecodeMaxTokens, c.num_kv_heads) * 8};  // decode path only
+      cuda::attention_decode_mma_scratch_words(cuda::kDecodeMaxTokens, c.num_kv_heads) * 8,  // decode path only
+      S * 4};  // the picks on the device (decode ahead)
   size_t abytes = 0;
   for (size_t b : abuf) abytes += align256(b);
   // KV: one K and one V array per (full, sliding) layer pair. A block is a page of the full layers
@@ -243,6 +248,7 @@ void CudaRunner::plan_memory() {
   route_acc_ = reinterpret_cast<long long*>(next());
   ss_part_ = f32();
   attn_mma_part_ = reinterpret_cast<unsigned long long*>(next());
+  dtok_ = i32();
   std::vector<cuda::DecodeStepLayer> sl(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     const DevLayer& d = layers_[l];
@@ -253,7 +259,8 @@ void CudaRunner::plan_memory() {
   MX_CUDA(cudaMemcpy(step_layers_, sl.data(), sl.size() * sizeof(sl[0]), cudaMemcpyHostToDevice));
   int32_t* dm = reinterpret_cast<int32_t*>(a);
   int32_t* hm = nullptr;
-  MX_CUDA(cudaMallocHost(&hm, meta_bytes_));
+  // Two host buffers: decode ahead plans a step while the one before may not have been copied yet.
+  MX_CUDA(cudaMallocHost(&hm, 2 * align256(meta_bytes_)));
   auto lay = [&](int32_t* base, StepMeta& m) {
     m.tok = base; m.pos = base + T_; m.slot = base + 2 * T_; m.bt_off = base + 3 * T_; m.srow = base + 4 * T_;
     m.srow_local = base + 5 * T_; m.decode_rows = base + 6 * T_; m.slot_sw = base + 7 * T_; m.bt_off_sw = base + 8 * T_;
@@ -264,12 +271,14 @@ void CudaRunner::plan_memory() {
     m.top_k = base + meta_key_off() + 5 * S_;
     m.bt = base + meta_tail();
   };
-  lay(hm, hmeta_);
+  lay(hm, hmeta_buf_[0]);
+  lay(hm + align256(meta_bytes_) / 4, hmeta_buf_[1]);
+  hmeta_ = hmeta_buf_[0];
   lay(dm, dmeta_);
   MX_CUDA(cudaMallocHost(&host_logits_, S * V * 4));
   // The sampled tokens and log-probs are written by the kernels straight into mapped host memory: no
   // copy-engine hop between the step's last kernel and the host's wake-up.
-  MX_CUDA(cudaHostAlloc(&host_res_, S * 8, cudaHostAllocMapped));
+  MX_CUDA(cudaHostAlloc(&host_res_, 2 * S * 8, cudaHostAllocMapped));  // two slots (parity)
   MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&res_dev_), host_res_, 0));
 }
 
@@ -381,179 +390,10 @@ void CudaRunner::check_scales() {
 
 bool CudaRunner::prefill_path_supported() const { return cfg_.head_dim == 64; }
 
-// Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
-// it (kernels/sampling/sample_filtered.h). Only requests for alternatives (top_logprobs) sample on the
-// host from the copied logits.
-static bool gpu_samples(const SamplingParams& p) { return p.temperature > 0.f && p.top_logprobs == 0; }
-static bool gpu_filters(const SamplingParams& p) {
-  return gpu_samples(p) && (p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f);
-}
-static bool host_samples(const SamplingParams& p) {
-  return (p.temperature > 0.f || p.top_logprobs > 0) && !gpu_samples(p);
-}
-
-void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
-  MX_CHECK(out.size() == seqs.size(), "step: out.size() {} != seqs.size() {}", out.size(), seqs.size());
-  const StepMeta& h = hmeta_;
-  int M = 0, S = 0, nbt = 0, n_decode = 0;
-  bool filters = false;
-  std::vector<int>& sample_seq = sample_seq_;
-  std::vector<std::array<int, 4>>& layout = layout_;
-  sample_seq.clear();
-  layout.clear();
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const SeqStep& q = seqs[i];
-    const int n = int(q.tokens.size());
-    if (n == 0) continue;
-    if (M + n > T_) fail("step has more than max_tokens_per_step={} tokens", T_);
-    if (S >= S_ && q.sample) fail("step samples more than max_num_seqs={} sequences", S_);
-    if (q.start_pos < 0 || q.start_pos + n > opt_.max_model_len)
-      fail("sequence {} positions [{}, {}) exceed max_model_len {}", q.seq_id, q.start_pos, q.start_pos + n,
-           opt_.max_model_len);
-    const int need = (q.start_pos + n + opt_.block_size - 1) / opt_.block_size;
-    const bool sw = sliding_window_ > 0;
-    if (nbt + need * (sw ? 2 : 1) > bt_cap_) fail("step block tables exceed {} entries", bt_cap_);
-    if (int(q.block_table.size()) < need)
-      fail("sequence {} block table covers {} blocks, needs {}", q.seq_id, q.block_table.size(), need);
-    for (int b = 0; b < need; ++b)
-      if (q.block_table[b] < 0 || q.block_table[b] >= num_blocks_)
-        fail("block id {} out of range [0, {})", q.block_table[b], num_blocks_);
-    std::memcpy(h.bt + nbt, q.block_table.data(), size_t(need) * 4);
-    const int bt_sw = sw ? nbt + need : nbt;
-    if (sw) {
-      if (int(q.sliding_table.size()) < need)
-        fail("sequence {} sliding block table covers {} blocks, needs {}", q.seq_id, q.sliding_table.size(), need);
-      // Entries before the window are never read; keep them in range anyway.
-      const int first = sliding_first_block(kv_shape(), q.start_pos);
-      for (int b = 0; b < need; ++b) {
-        const int32_t v = q.sliding_table[b];
-        if (b >= first && (v < 0 || v >= num_blocks_))
-          fail("sliding block id {} out of range [0, {})", v, num_blocks_);
-        h.bt[bt_sw + b] = b >= first ? v : 0;
-      }
-    }
-    for (int j = 0; j < n; ++j) {
-      const int p = q.start_pos + j;
-      const int32_t t = q.tokens[j];
-      if (t < 0 || t >= cfg_.vocab_size) fail("token id {} out of range [0, {})", t, cfg_.vocab_size);
-      h.tok[M + j] = t;
-      h.pos[M + j] = p;
-      h.slot[M + j] = q.block_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size;
-      h.slot_sw[M + j] =
-          sw ? q.sliding_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size : h.slot[M + j];
-      h.bt_off[M + j] = nbt;
-      h.bt_off_sw[M + j] = bt_sw;
-    }
-    for (int j = 0; j < n; ++j)
-      if (n == 1 || !opt_.flash_prefill_attention) h.decode_rows[n_decode++] = M + j;
-    layout.push_back({M, n, nbt, bt_sw});
-    nbt += need * (sw ? 2 : 1);
-    M += n;
-    if (q.sample) {
-      h.srow[S] = M - 1;
-      h.srow_local[S] = (M - 1) % cuda::kDecodeMaxTokens;
-      h.inv_temp[S] = gpu_samples(q.sampling) ? 1.0f / q.sampling.temperature : 0.0f;
-      h.sample_key[S] = sample_stream_key(q.sampling.seed, q.rng_step);
-      const bool f = gpu_filters(q.sampling);
-      h.top_k[S] = f ? q.sampling.top_k : 0;
-      h.top_p[S] = f ? q.sampling.top_p : 1.f;
-      h.min_p[S] = f ? q.sampling.min_p : 0.f;
-      filters |= f;
-      ++S;
-      sample_seq.push_back(int(i));
-    }
-  }
-  last_sampled_ = S;
-  if (M == 0) return;
-  int max_pos = 0;
-  for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
-  attn_long_ = max_pos + 1 > cuda::attention_decode_mma_max_keys();
-  // Metadata arrays sit at fixed offsets; the block tables follow. One copy.
-  MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(meta_tail() + nbt) * 4, cudaMemcpyHostToDevice, stream_));
-  if (profiling_) {
-    marks_.clear();
-    MX_CUDA(cudaEventRecord(events_[0], stream_));
-  }
-  const bool decode_path = M < opt_.prefill_min_tokens || M <= cuda::kDecodeMaxTokens || !prefill_path_supported();
-  if (!decode_path && n_decode > attn_rows_)
-    fail("step has {} single-token rows, more than max_num_seqs={} allows", n_decode, S_);
-  if (decode_path) {
-    bool identity = S == M;
-    for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
-    if (identity && M <= cuda::kDecodeMaxTokens && use_graphs_ && !profiling_) {
-      run_decode_graph(M);
-    } else {
-      // Chunks of 8 tokens in step order: a sequence's tokens stay in position order, so a chunk
-      // sees the KV of the chunks before it.
-      int s = 0;
-      for (int t0 = 0; t0 < M; t0 += cuda::kDecodeMaxTokens) {
-        const int m = std::min(cuda::kDecodeMaxTokens, M - t0);
-        int s1 = s;
-        while (s1 < S && h.srow[s1] < t0 + m) ++s1;
-        forward_decode(t0, m, s, s1 - s);
-        s = s1;
-      }
-    }
-  } else {
-    forward_prefill(M, S, layout, n_decode);
-  }
-  MX_CUDA(cudaGetLastError());
-  if (filters) {  // outside the decode graphs: steps without filters pay nothing
-    cuda::SampleFilterParams f;
-    f.logits = logits_; f.stride = cfg_.vocab_size; f.V = vocab_limit_; f.S = S;
-    f.inv_temp = dmeta_.inv_temp; f.keys = dmeta_.sample_key; f.top_k = dmeta_.top_k; f.top_p = dmeta_.top_p;
-    f.min_p = dmeta_.min_p; f.tok = reinterpret_cast<int32_t*>(res_dev_); f.logprob = res_dev_ + S;
-    cuda::sample_filtered(f, stream_);
-  }
-  bool need_logits = opt_.keep_logits;
-  for (int i : sample_seq) need_logits |= host_samples(seqs[i].sampling);
-  if (S > 0 && need_logits)
-    MX_CUDA(cudaMemcpyAsync(host_logits_, logits_, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost, stream_));
-  MX_CUDA(cudaStreamSynchronize(stream_));
-  if (profiling_) {
-    std::map<std::string, KernelProfile> agg;
-    for (size_t i = 0; i < marks_.size(); ++i) {
-      float ms = 0;
-      MX_CUDA(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
-      KernelProfile& k = agg[marks_[i].first];
-      k.name = marks_[i].first;
-      k.ms += ms;
-      k.bytes += marks_[i].second;
-      ++k.calls;
-    }
-    profile_.clear();
-    for (auto& [name, k] : agg) profile_.push_back(k);
-  }
-  const int32_t* rtok = reinterpret_cast<const int32_t*>(host_res_);
-  const float* rlp = reinterpret_cast<const float*>(host_res_) + S;
-  jobs_.clear();
-  for (int s = 0; s < S; ++s) {
-    const SeqStep& q = seqs[sample_seq[s]];
-    SampleResult& r = out[sample_seq[s]];
-    if (host_samples(q.sampling)) {
-      // Top-k / top-p / min-p / top_logprobs sample on the host from the copied logits (0.8 MB per row).
-      jobs_.push_back({host_logits_ + size_t(s) * cfg_.vocab_size, &q.sampling, q.rng_step, &r});
-    } else {
-      r.token = rtok[s];
-      r.logprob = rlp[s];
-      r.top.clear();
-    }
-  }
-  sample_tokens(jobs_, vocab_limit_, sample_pool_, scratch_);
-}
-
-void CudaRunner::set_decode_skip(uint32_t mask) {
-  if (mask == skip_) return;
-  skip_ = mask;
-  for (auto& g : graphs_)  // captured with the old mask
-    if (g) {
-      MX_CUDA(cudaGraphExecDestroy(g));
-      g = nullptr;
-    }
-}
 
 void CudaRunner::set_step_trace(bool on) {
   if (on == (step_trace_ != nullptr)) return;
+  ahead_.active = false;
   const ModelConfig& c = cfg_;
   if (on) {
     const size_t n = cuda::decode_step_items(cuda::kDecodeMaxTokens, c.num_layers, c.hidden_size, c.intermediate_size,
@@ -599,35 +439,6 @@ std::vector<uint64_t> CudaRunner::last_step_trace() const {
 int CudaRunner::last_step_trace_kind(int* sms) const {
   if (sms) *sms = sm_count_;
   return step_trace_kind_;
-}
-
-void CudaRunner::run_decode_graph(int M) {
-  cudaGraphExec_t& exec = graphs_[graph_slot(M)];
-  if (!exec) {
-    cudaGraph_t g = nullptr;
-    MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    forward_decode(0, M, 0, M, true);  // every token sampled: each is its sequence's last (and only) one
-    MX_CUDA(cudaStreamEndCapture(stream_, &g));
-    MX_CUDA(cudaGraphInstantiate(&exec, g, 0));
-    MX_CUDA(cudaGraphDestroy(g));
-  }
-  MX_CUDA(cudaGraphLaunch(exec, stream_));
-}
-
-double CudaRunner::replay_decode_graph_ms(int M, int n) {
-  if (M < 1 || M > cuda::kDecodeMaxTokens || !graphs_[graph_slot(M)]) fail("no decode graph for {} tokens yet", M);
-  cudaEvent_t a, b;
-  MX_CUDA(cudaEventCreate(&a));
-  MX_CUDA(cudaEventCreate(&b));
-  MX_CUDA(cudaEventRecord(a, stream_));
-  for (int i = 0; i < n; ++i) MX_CUDA(cudaGraphLaunch(graphs_[graph_slot(M)], stream_));
-  MX_CUDA(cudaEventRecord(b, stream_));
-  MX_CUDA(cudaEventSynchronize(b));
-  float ms = 0;
-  MX_CUDA(cudaEventElapsedTime(&ms, a, b));
-  MX_CUDA(cudaEventDestroy(a));
-  MX_CUDA(cudaEventDestroy(b));
-  return double(ms) / n;
 }
 
 void CudaRunner::mark(const char* name, double bytes) {

@@ -43,6 +43,11 @@ struct CudaEngineOptions {
   // false: the register kernel everywhere (bench --attention-registers, A/B and the persistent step's
   // bit-equality tests).
   bool attention_tensor_cores = true;
+  // Enqueue the next one-token step of sequences that expect one (SeqStep::expect_next) before the
+  // current step's results are read, fed by the GPU's picks: the GPU does not wait through the host's
+  // turn. A next step() that asks for something else leaves that step's results unread (wasted work);
+  // false: never (bench --no-decode-ahead, A/B).
+  bool decode_ahead = true;
 };
 
 struct CudaLoadStats {
@@ -87,6 +92,9 @@ class CudaRunnerBase : public ModelRunner {
   // Bench only: replays the M-token decode graph n times back to back (the last step's metadata, no
   // host work between replays) and returns ms a replay: the step's GPU time without the host's turn.
   virtual double replay_decode_graph_ms(int M, int n) = 0;
+  // Steps served by decode ahead (CudaEngineOptions::decode_ahead) so far, and those enqueued ahead.
+  virtual uint64_t decode_ahead_used() const = 0;
+  virtual uint64_t decode_ahead_launched() const = 0;
 };
 
 std::unique_ptr<CudaRunnerBase> make_cuda_runner(const CudaEngineOptions& opt);

@@ -42,7 +42,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   // integer sums start from zero.
   const bool fused_router = cuda::mxfp4_moe_one_token_fp8(M, opt_.moe_variant) && !opt_.router_kernel;
   if (fused_router) MX_CUDA(cudaMemsetAsync(route_acc_, 0, size_t(c.num_layers) * E * sizeof(long long), s));
-  cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, H, s);
+  cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, H, s, dtok_ + t0);
   mark("embed", double(M) * H * 2);
   float *xin = xa_, *xout = xb_;
   const float* y = nullptr;
@@ -131,7 +131,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
 void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq, bool stream) {
   const ModelConfig& c = cfg_;
   const StepMeta& m = dmeta_;
-  cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, c.hidden_size, stream_);
+  cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, c.hidden_size, stream_, dtok_ + t0);
   cuda::DecodeStepParams p;
   p.layers = step_layers_; p.num_layers = c.num_layers;
   p.xa = xa_; p.xb = xb_; p.y_slot = ysl_; p.q = qkv_; p.attn = attn_;
@@ -181,8 +181,9 @@ void CudaRunner::final_logits(const float* x, const float* y_slot, const int32_t
     cuda::gemm_bf16(gemm_, g, stream_);
   }
   mark("lm_head", double(V) * H * 2);
-  cuda::launch_argmax_logprob(logits, S, V, vocab_limit_, reinterpret_cast<int32_t*>(res_dev_) + s0, res_dev_ + last_sampled_ + s0, argmax_part_,
-                              stream_, dmeta_.inv_temp + s0, dmeta_.sample_key + s0);
+  cuda::launch_argmax_logprob(logits, S, V, vocab_limit_, reinterpret_cast<int32_t*>(res_cur_) + s0,
+                              res_cur_ + last_sampled_ + s0, argmax_part_, stream_, dmeta_.inv_temp + s0,
+                              dmeta_.sample_key + s0, dtok_ + s0);
   mark("argmax", double(S) * V * 4);
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +51,29 @@ struct StepMeta {
   int32_t* top_k;        // [S] 0 = off
 };
 
+// One step as step() enqueued it: what collect_step needs once its event has fired.
+struct StepPlan {
+  int M = 0, S = 0, nbt = 0, n_decode = 0;
+  int parity = 0;            // its host metadata, result slots, event and graphs (double-buffered)
+  bool filters = false;      // GPU top-k / top-p / min-p after the pick
+  bool need_logits = false;  // logits copied to the host (host sampling or keep_logits)
+  bool graph = false;        // ran as a captured decode graph
+  std::vector<int> sample_seq;  // the sequence index of each sampled row
+};
+
+// Decode ahead (CudaEngineOptions::decode_ahead): after a graph step whose sequences all expect a next
+// token, step() enqueues that next step (positions + 1, the tokens the GPU picks) before it waits for
+// the current one, so the GPU does not idle through the host's turn. The next step() call uses it if it
+// asks for exactly that step, and otherwise leaves its results unread (step.cpp).
+struct DecodeAhead {
+  bool active = false;
+  int parity = 0;
+  std::vector<SeqStep> steps;                  // the step enqueued (tokens: the device's picks)
+  std::vector<std::vector<int32_t>> full, sliding;  // their block tables (copies)
+  std::vector<int32_t> fed;                    // the tokens it was fed, once the step before is collected
+  uint64_t launched = 0, used = 0;
+};
+
 class CudaRunner final : public CudaRunnerBase {
  public:
   explicit CudaRunner(const CudaEngineOptions& opt);
@@ -61,11 +85,13 @@ class CudaRunner final : public CudaRunnerBase {
   double decode_weight_bytes(int M) const override;
   std::span<const float> last_logits(int index) const override;
   void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override;
-  void set_profiling(bool on) override { profiling_ = on; }
+  void set_profiling(bool on) override { profiling_ = on; ahead_.active = false; }
   std::vector<KernelProfile> last_profile() const override { return profile_; }
-  void set_use_graphs(bool on) override { use_graphs_ = on; }
+  void set_use_graphs(bool on) override { use_graphs_ = on; ahead_.active = false; }
   void set_decode_skip(uint32_t mask) override;
   double replay_decode_graph_ms(int M, int n) override;
+  uint64_t decode_ahead_used() const override { return ahead_.used; }
+  uint64_t decode_ahead_launched() const override { return ahead_.launched; }
   void set_step_trace(bool on) override;
   std::vector<uint64_t> last_step_trace() const override;
   int last_step_trace_kind(int* sms) const override;
@@ -94,6 +120,13 @@ class CudaRunner final : public CudaRunnerBase {
   int meta_key_off() const { return (9 * T_ + 1) & ~1; }  // even: the 64-bit keys stay 8-byte aligned
   int meta_tail() const { return meta_key_off() + 6 * S_; }
   void run_decode_graph(int M);
+  // step() in parts (step.cpp): the metadata into host buffer `parity` (checked; device_tokens: a
+  // negative token is the previous step's pick of the same row), its launch, and its results.
+  StepPlan& plan_step(std::span<const SeqStep> seqs, int parity, bool device_tokens);
+  void enqueue_step(const StepPlan& pl);
+  void collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out);
+  bool ahead_matches(std::span<const SeqStep> seqs) const;
+  void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
 
   // Kernel timing for `bench --breakdown` (eager steps only).
   void mark(const char* name, double bytes);
@@ -133,28 +166,36 @@ class CudaRunner final : public CudaRunnerBase {
   float* moe_sorted_w_;
   int moe_max_tiles_ = 0;
   cuda::GemmContext* gemm_ = nullptr;
-  StepMeta hmeta_{}, dmeta_{};
+  StepMeta hmeta_{}, dmeta_{};  // hmeta_: the host buffer of the step being planned (hmeta_buf_[parity])
+  StepMeta hmeta_buf_[2]{};
+  StepPlan plans_[2];
+  cudaEvent_t done_[2]{};       // after each parity's last enqueued step
+  cudaEvent_t copied_[2]{};     // after its metadata copy (the host buffer may be rewritten)
+  int parity_ = 0;              // of the step being enqueued: graphs_ and the result slots
+  DecodeAhead ahead_;
+  int32_t* dtok_ = nullptr;     // [S] the last step's picks on the device (decode ahead's input)
+  float* res_cur_ = nullptr;    // the device view of the result slots of the step being enqueued
   size_t meta_bytes_ = 0;
   float concentration_ = 1.f;
   float* host_logits_ = nullptr;
-  void* host_res_ = nullptr;
+  void* host_res_ = nullptr;  // two result slots of S tokens then S log-probs (parity)
   float* res_dev_ = nullptr;  // host_res_ as the device sees it (mapped)
   // Host sampling (top-k / top-p / min-p / top_logprobs rows): in parallel on a few threads.
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
   std::vector<std::vector<float>> scratch_;
   std::vector<SampleJob> jobs_;
   // Host bookkeeping of step(), kept so a step allocates nothing once warm.
-  std::vector<int> sample_seq_;
   // Per sequence: first token row, token count, block-table offsets of the full and sliding layers.
   std::vector<std::array<int, 4>> layout_;
-  // CUDA graphs of the single-chunk decode step, one per token count 1..8 and attention kernel (graph_slot).
+  // CUDA graphs of the single-chunk decode step, one per token count 1..8, attention kernel and result
+  // slot parity (graph_slot).
   bool use_graphs_ = true;
   uint32_t skip_ = 0;  // DecodeKernelBit mask (bench only)
-  std::array<cudaGraphExec_t, 18> graphs_{};
+  std::array<cudaGraphExec_t, 36> graphs_{};
   // Some sequence of the step has more keys than the tensor-core attention holds in one pass: the full
   // layers run the register kernel (attention_decode.h).
   bool attn_long_ = false;
-  int graph_slot(int M) const { return M + (attn_long_ ? 9 : 0); }
+  int graph_slot(int M) const { return M + (attn_long_ ? 9 : 0) + 18 * parity_; }
   // profiling
   bool profiling_ = false;
   std::vector<cudaEvent_t> events_;

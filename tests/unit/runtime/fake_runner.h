@@ -50,6 +50,8 @@ class FakeRunner : public ModelRunner {
         kv_[slot(s.block_table, s.start_pos + int(t))] = d;
         if (shape_.sliding_window > 0) kv_[slot(s.sliding_table, s.start_pos + int(t))] = d ^ kSlidingTag;
       }
+      expect_next.push_back(s.expect_next);
+      EXPECT_TRUE(s.sample || !s.expect_next) << "a step that samples nothing expects no next token";
       if (s.sample) {
         out[i].token = (s.tokens.back() + 1) % 1000;
         out[i].logprob = -float(d % 100003);
@@ -58,6 +60,7 @@ class FakeRunner : public ModelRunner {
     step_tokens.push_back(total);
   }
   std::vector<int> step_tokens;
+  std::vector<bool> expect_next;  // SeqStep::expect_next of every sequence step, in order
   int sliding_mismatches = 0;  // window positions whose sliding digest differs from the full one
 
  private:

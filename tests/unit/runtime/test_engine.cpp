@@ -51,6 +51,9 @@ TEST(Engine, GeneratesMaxTokensAndFreesBlocks) {
   EXPECT_EQ(fin, FinishReason::kLength);
   // 11 prompt tokens in chunks of 8: 8, then 3 (+sample), then two decodes.
   EXPECT_EQ(r.step_tokens, (std::vector<int>{8, 3, 1, 1}));
+  // The runner may start a next step early (decode ahead) only where one follows: not for the partial
+  // prompt chunk (nothing sampled) nor for the last token max_tokens allows.
+  EXPECT_EQ(r.expect_next, (std::vector<bool>{false, true, true, false}));
   EXPECT_EQ(e.stats().kv_usage, 0.0);
 }
 

@@ -1,0 +1,336 @@
+// CUDA runner: step(): the step's metadata (one pinned block, one copy), its launch (small decode steps
+// as captured graphs), its results, and decode ahead (runner_impl.h, DecodeAhead).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/attention_decode/attention_decode.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/decode/decode_gemv.h"
+#include "kernels/engine/runner_impl.h"
+#include "kernels/sampling/sample_filtered.h"
+#include "model/sampler.h"
+
+namespace mx {
+namespace {
+
+// Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
+// it (kernels/sampling/sample_filtered.h). Only requests for alternatives (top_logprobs) sample on the
+// host from the copied logits.
+bool gpu_samples(const SamplingParams& p) { return p.temperature > 0.f && p.top_logprobs == 0; }
+bool gpu_filters(const SamplingParams& p) { return gpu_samples(p) && (p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f); }
+bool host_samples(const SamplingParams& p) { return (p.temperature > 0.f || p.top_logprobs > 0) && !gpu_samples(p); }
+
+bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
+  return a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k && a.min_p == b.min_p &&
+         a.seed == b.seed && a.top_logprobs == b.top_logprobs && a.logprobs == b.logprobs;
+}
+
+const int32_t kPickedOnDevice = -1;  // a decode-ahead step's token: the previous step's pick of its row
+
+}  // namespace
+
+void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
+  MX_CHECK(out.size() == seqs.size(), "step: out.size() {} != seqs.size() {}", out.size(), seqs.size());
+  const StepPlan* pl = nullptr;
+  if (ahead_.active && ahead_matches(seqs)) {
+    pl = &plans_[ahead_.parity];  // already on the GPU
+    ++ahead_.used;
+  } else {
+    // A decode-ahead step that was not asked for finishes unread: the stream orders it before this one.
+    StepPlan& p = plan_step(seqs, parity_ ^ 1, false);
+    enqueue_step(p);
+    pl = &p;
+  }
+  ahead_.active = false;
+  launch_ahead(seqs, *pl);  // before waiting: the GPU goes on while the host reads the results
+  collect_step(*pl, seqs, out);
+  if (ahead_.active)
+    for (size_t i = 0; i < seqs.size(); ++i) ahead_.fed[i] = out[i].token;
+}
+
+StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool device_tokens) {
+  StepPlan& pl = plans_[parity];
+  // The copy of this host buffer's last step must have left it (a decode-ahead step may still be queued).
+  MX_CUDA(cudaEventSynchronize(copied_[parity]));
+  pl.M = pl.S = pl.nbt = pl.n_decode = 0;
+  pl.parity = parity;
+  pl.filters = pl.need_logits = pl.graph = false;
+  pl.sample_seq.clear();
+  parity_ = parity;
+  hmeta_ = hmeta_buf_[parity];
+  const StepMeta& h = hmeta_;
+  int M = 0, S = 0, nbt = 0, n_decode = 0;
+  layout_.clear();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqStep& q = seqs[i];
+    const int n = int(q.tokens.size());
+    if (n == 0) continue;
+    if (M + n > T_) fail("step has more than max_tokens_per_step={} tokens", T_);
+    if (S >= S_ && q.sample) fail("step samples more than max_num_seqs={} sequences", S_);
+    if (q.start_pos < 0 || q.start_pos + n > opt_.max_model_len)
+      fail("sequence {} positions [{}, {}) exceed max_model_len {}", q.seq_id, q.start_pos, q.start_pos + n,
+           opt_.max_model_len);
+    const int need = (q.start_pos + n + opt_.block_size - 1) / opt_.block_size;
+    const bool sw = sliding_window_ > 0;
+    if (nbt + need * (sw ? 2 : 1) > bt_cap_) fail("step block tables exceed {} entries", bt_cap_);
+    if (int(q.block_table.size()) < need)
+      fail("sequence {} block table covers {} blocks, needs {}", q.seq_id, q.block_table.size(), need);
+    for (int b = 0; b < need; ++b)
+      if (q.block_table[b] < 0 || q.block_table[b] >= num_blocks_)
+        fail("block id {} out of range [0, {})", q.block_table[b], num_blocks_);
+    std::memcpy(h.bt + nbt, q.block_table.data(), size_t(need) * 4);
+    const int bt_sw = sw ? nbt + need : nbt;
+    if (sw) {
+      if (int(q.sliding_table.size()) < need)
+        fail("sequence {} sliding block table covers {} blocks, needs {}", q.seq_id, q.sliding_table.size(), need);
+      // Entries before the window are never read; keep them in range anyway.
+      const int first = sliding_first_block(kv_shape(), q.start_pos);
+      for (int b = 0; b < need; ++b) {
+        const int32_t v = q.sliding_table[b];
+        if (b >= first && (v < 0 || v >= num_blocks_))
+          fail("sliding block id {} out of range [0, {})", v, num_blocks_);
+        h.bt[bt_sw + b] = b >= first ? v : 0;
+      }
+    }
+    for (int j = 0; j < n; ++j) {
+      const int p = q.start_pos + j;
+      const int32_t t = q.tokens[j];
+      if ((t < 0 && !device_tokens) || t >= cfg_.vocab_size)
+        fail("token id {} out of range [0, {})", t, cfg_.vocab_size);
+      h.tok[M + j] = t;
+      h.pos[M + j] = p;
+      h.slot[M + j] = q.block_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size;
+      h.slot_sw[M + j] =
+          sw ? q.sliding_table[p / opt_.block_size] * opt_.block_size + p % opt_.block_size : h.slot[M + j];
+      h.bt_off[M + j] = nbt;
+      h.bt_off_sw[M + j] = bt_sw;
+    }
+    for (int j = 0; j < n; ++j)
+      if (n == 1 || !opt_.flash_prefill_attention) h.decode_rows[n_decode++] = M + j;
+    layout_.push_back({M, n, nbt, bt_sw});
+    nbt += need * (sw ? 2 : 1);
+    M += n;
+    if (q.sample) {
+      h.srow[S] = M - 1;
+      h.srow_local[S] = (M - 1) % cuda::kDecodeMaxTokens;
+      h.inv_temp[S] = gpu_samples(q.sampling) ? 1.0f / q.sampling.temperature : 0.0f;
+      h.sample_key[S] = sample_stream_key(q.sampling.seed, q.rng_step);
+      const bool f = gpu_filters(q.sampling);
+      h.top_k[S] = f ? q.sampling.top_k : 0;
+      h.top_p[S] = f ? q.sampling.top_p : 1.f;
+      h.min_p[S] = f ? q.sampling.min_p : 0.f;
+      pl.filters |= f;
+      ++S;
+      pl.sample_seq.push_back(int(i));
+    }
+  }
+  pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode;
+  last_sampled_ = S;
+  int max_pos = 0;
+  for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
+  attn_long_ = max_pos + 1 > cuda::attention_decode_mma_max_keys();
+  pl.need_logits = opt_.keep_logits;
+  for (int i : pl.sample_seq) pl.need_logits |= host_samples(seqs[size_t(i)].sampling);
+  bool identity = S == M;
+  for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
+  pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && use_graphs_ && !profiling_;
+  return pl;
+}
+
+void CudaRunner::enqueue_step(const StepPlan& pl) {
+  const int M = pl.M, S = pl.S;
+  parity_ = pl.parity;
+  hmeta_ = hmeta_buf_[pl.parity];
+  res_cur_ = res_dev_ + size_t(pl.parity) * 2 * S_;
+  if (M > 0) {
+    const StepMeta& h = hmeta_buf_[pl.parity];
+    // Metadata arrays sit at fixed offsets; the block tables follow. One copy.
+    MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice, stream_));
+    MX_CUDA(cudaEventRecord(copied_[pl.parity], stream_));
+    if (profiling_) {
+      marks_.clear();
+      MX_CUDA(cudaEventRecord(events_[0], stream_));
+    }
+    const bool decode_path = M < opt_.prefill_min_tokens || M <= cuda::kDecodeMaxTokens || !prefill_path_supported();
+    if (!decode_path && pl.n_decode > attn_rows_)
+      fail("step has {} single-token rows, more than max_num_seqs={} allows", pl.n_decode, S_);
+    if (pl.graph) {
+      run_decode_graph(M);
+    } else if (decode_path) {
+      // Chunks of 8 tokens in step order: a sequence's tokens stay in position order, so a chunk
+      // sees the KV of the chunks before it.
+      int s = 0;
+      for (int t0 = 0; t0 < M; t0 += cuda::kDecodeMaxTokens) {
+        const int m = std::min(cuda::kDecodeMaxTokens, M - t0);
+        int s1 = s;
+        while (s1 < S && h.srow[s1] < t0 + m) ++s1;
+        forward_decode(t0, m, s, s1 - s);
+        s = s1;
+      }
+    } else {
+      forward_prefill(M, S, layout_, pl.n_decode);
+    }
+    MX_CUDA(cudaGetLastError());
+    if (pl.filters) {  // outside the decode graphs: steps without filters pay nothing
+      cuda::SampleFilterParams f;
+      f.logits = logits_; f.stride = cfg_.vocab_size; f.V = vocab_limit_; f.S = S;
+      f.inv_temp = dmeta_.inv_temp; f.keys = dmeta_.sample_key; f.top_k = dmeta_.top_k; f.top_p = dmeta_.top_p;
+      f.min_p = dmeta_.min_p; f.tok = reinterpret_cast<int32_t*>(res_cur_); f.logprob = res_cur_ + S;
+      cuda::sample_filtered(f, stream_);
+    }
+    if (S > 0 && pl.need_logits)
+      MX_CUDA(cudaMemcpyAsync(host_logits_, logits_, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost, stream_));
+  }
+  MX_CUDA(cudaEventRecord(done_[pl.parity], stream_));
+}
+
+void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out) {
+  MX_CUDA(cudaEventSynchronize(done_[pl.parity]));
+  if (pl.M == 0) return;
+  if (profiling_) {
+    std::map<std::string, KernelProfile> agg;
+    for (size_t i = 0; i < marks_.size(); ++i) {
+      float ms = 0;
+      MX_CUDA(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+      KernelProfile& k = agg[marks_[i].first];
+      k.name = marks_[i].first;
+      k.ms += ms;
+      k.bytes += marks_[i].second;
+      ++k.calls;
+    }
+    profile_.clear();
+    for (auto& [name, k] : agg) profile_.push_back(k);
+  }
+  const int S = pl.S;
+  const int32_t* rtok = reinterpret_cast<const int32_t*>(host_res_) + size_t(pl.parity) * 2 * S_;
+  const float* rlp = reinterpret_cast<const float*>(host_res_) + size_t(pl.parity) * 2 * S_ + S;
+  jobs_.clear();
+  for (int s = 0; s < S; ++s) {
+    const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
+    SampleResult& r = out[size_t(pl.sample_seq[size_t(s)])];
+    if (host_samples(q.sampling)) {
+      // Top-k / top-p / min-p / top_logprobs sample on the host from the copied logits (0.8 MB per row).
+      jobs_.push_back({host_logits_ + size_t(s) * cfg_.vocab_size, &q.sampling, q.rng_step, &r});
+    } else {
+      r.token = rtok[s];
+      r.logprob = rlp[s];
+      r.top.clear();
+    }
+  }
+  sample_tokens(jobs_, vocab_limit_, sample_pool_, scratch_);
+}
+
+// The step enqueued ahead is this one: the same sequences in the same order, each fed the token the GPU
+// picked for it, at the next position, with the same sampling and the blocks that step read and wrote.
+bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
+  if (seqs.size() != ahead_.steps.size()) return false;
+  const int bs = opt_.block_size;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqStep& q = seqs[i];
+    const SeqStep& a = ahead_.steps[i];
+    // (A greedy row's pick does not depend on its random stream.)
+    if (q.seq_id != a.seq_id || q.tokens.size() != 1 || q.tokens[0] != ahead_.fed[i] || q.start_pos != a.start_pos ||
+        !q.sample || !same_sampling(q.sampling, a.sampling) || (gpu_samples(q.sampling) && q.rng_step != a.rng_step))
+      return false;
+    const size_t need = size_t(a.start_pos / bs + 1);
+    if (q.block_table.size() < need || !std::equal(a.block_table.begin(), a.block_table.begin() + need, q.block_table.begin()))
+      return false;
+    if (sliding_window_ > 0) {
+      const size_t first = size_t(sliding_first_block(kv_shape(), a.start_pos));
+      if (q.sliding_table.size() < need ||
+          !std::equal(a.sliding_table.begin() + first, a.sliding_table.begin() + need, q.sliding_table.begin() + first))
+        return false;
+    }
+  }
+  return true;
+}
+
+// Enqueues the next step of `seqs` (just enqueued as `pl`) when every sequence expects one and it can run
+// without the host: a graph step whose picks are the GPU's own (no filters, no host sampling, no logits
+// copy), with the next position's blocks already in the tables.
+void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl) {
+  if (!opt_.decode_ahead || !pl.graph || pl.filters || pl.need_logits || profiling_ || skip_ || step_trace_) return;
+  if (pl.S != int(seqs.size())) return;
+  const int bs = opt_.block_size;
+  for (const SeqStep& q : seqs) {
+    const int next = q.start_pos + 1, b = next / bs;
+    if (!q.expect_next || !q.sample || q.tokens.size() != 1 || next >= opt_.max_model_len) return;
+    if (int(q.block_table.size()) <= b || q.block_table[b] < 0 || q.block_table[b] >= num_blocks_) return;
+    if (sliding_window_ > 0 &&
+        (int(q.sliding_table.size()) <= b || q.sliding_table[b] < 0 || q.sliding_table[b] >= num_blocks_))
+      return;
+  }
+  const size_t n = seqs.size();
+  ahead_.steps.resize(n);
+  ahead_.full.resize(n);
+  ahead_.sliding.resize(n);
+  ahead_.fed.assign(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const SeqStep& q = seqs[i];
+    SeqStep& a = ahead_.steps[i];
+    ahead_.full[i].assign(q.block_table.begin(), q.block_table.end());
+    ahead_.sliding[i].assign(q.sliding_table.begin(), q.sliding_table.end());
+    a = q;
+    a.tokens = std::span<const int32_t>(&kPickedOnDevice, 1);
+    a.start_pos = q.start_pos + 1;
+    a.block_table = ahead_.full[i];
+    a.sliding_table = ahead_.sliding[i];
+    a.rng_step = q.rng_step + 1;
+  }
+  StepPlan& next = plan_step(ahead_.steps, pl.parity ^ 1, true);
+  if (!next.graph) return;  // (the same shape as pl: cannot happen)
+  enqueue_step(next);
+  ahead_.active = true;
+  ahead_.parity = next.parity;
+  ++ahead_.launched;
+}
+
+void CudaRunner::set_decode_skip(uint32_t mask) {
+  if (mask == skip_) return;
+  skip_ = mask;
+  ahead_.active = false;
+  for (auto& g : graphs_)  // captured with the old mask
+    if (g) {
+      MX_CUDA(cudaGraphExecDestroy(g));
+      g = nullptr;
+    }
+}
+
+
+void CudaRunner::run_decode_graph(int M) {
+  cudaGraphExec_t& exec = graphs_[graph_slot(M)];
+  if (!exec) {
+    cudaGraph_t g = nullptr;
+    MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    forward_decode(0, M, 0, M, true);  // every token sampled: each is its sequence's last (and only) one
+    MX_CUDA(cudaStreamEndCapture(stream_, &g));
+    MX_CUDA(cudaGraphInstantiate(&exec, g, 0));
+    MX_CUDA(cudaGraphDestroy(g));
+  }
+  MX_CUDA(cudaGraphLaunch(exec, stream_));
+}
+
+double CudaRunner::replay_decode_graph_ms(int M, int n) {
+  if (M < 1 || M > cuda::kDecodeMaxTokens || !graphs_[graph_slot(M)]) fail("no decode graph for {} tokens yet", M);
+  ahead_.active = false;  // the replays reuse its result slots
+  cudaEvent_t a, b;
+  MX_CUDA(cudaEventCreate(&a));
+  MX_CUDA(cudaEventCreate(&b));
+  MX_CUDA(cudaEventRecord(a, stream_));
+  for (int i = 0; i < n; ++i) MX_CUDA(cudaGraphLaunch(graphs_[graph_slot(M)], stream_));
+  MX_CUDA(cudaEventRecord(b, stream_));
+  MX_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  MX_CUDA(cudaEventElapsedTime(&ms, a, b));
+  MX_CUDA(cudaEventDestroy(a));
+  MX_CUDA(cudaEventDestroy(b));
+  return double(ms) / n;
+}
+
+}  // namespace mx
