@@ -6,7 +6,7 @@
 // pos -> block table -> K/V on the layer's critical path. Here 8 CTAs a KV head (64 for one token) fit in
 // the free slots beside the qkv grid; each copies its whole split's K/V into shared memory before its
 // PDL wait (cp.async), and after it has only q, the current key and a few mma to do. The last split of a
-// KV head (an atomic ticket) merges the partials with the register kernel's merge.
+// KV head (an atomic ticket) merges the partials, which travel as tagged words (see tagged()).
 //
 // Math: S = Q K^T and O = P V as mma.sync m16n8k16 (bf16 in, fp32 accumulate) with the 8 heads as rows
 // 0-7 and their bf16 rounding residue as rows 8-15: q = q_hi + q_lo and p = p_hi + p_lo, and a thread
@@ -285,13 +285,16 @@ __device__ __forceinline__ void merge_tagged(const AttnDecodeParams& p, unsigned
     for (int i = 0; i < 6; ++i) ok &= has_tag(w[sp][i], tag);
     return ok;
   };
+  // Every split not yet seen with the tag is reloaded in the same round: one round trip a round.
+  uint32_t pending = (1u << nsplit) - 1;
+  while (pending) {
 #pragma unroll
-  for (int sp = 0; sp < kAttnMmaSplits; ++sp)
-    if (sp < nsplit) load(sp);
+    for (int sp = 0; sp < kAttnMmaSplits; ++sp)
+      if (pending >> sp & 1) load(sp);
 #pragma unroll
-  for (int sp = 0; sp < kAttnMmaSplits; ++sp)
-    if (sp < nsplit)
-      while (!ready(sp)) load(sp);
+    for (int sp = 0; sp < kAttnMmaSplits; ++sp)
+      if ((pending >> sp & 1) && ready(sp)) pending &= ~(1u << sp);
+  }
   float mx = sink;
 #pragma unroll
   for (int sp = 0; sp < kAttnMmaSplits; ++sp)
@@ -333,6 +336,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
   // The ticket only elects the merging CTA (the last to arrive); the tags order the data (see tagged()).
   // A cluster of the 8 splits merging through DSMEM measured slower: clusters of 8 CTAs did not all find
   // room beside the qkv grid and started late (docs/perf.md, session 19).
+  // (Split 0 merging without a ticket, polling from the start, measured +0.1 % at batch 1 and -1 % at
+  // batch 4, where 32 CTAs poll: docs/perf.md, session 20.)
   __syncthreads();
   int* ticket = p.tickets + qi * p.Hkv + kvh;
   if (tid == 0) last = atomicAdd(ticket, 1) == nsplit - 1;
