@@ -83,6 +83,7 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt) {
     fail("CUDA engine: hidden and intermediate sizes must be multiples of 32 and experts <= 128");
   vocab_limit_ = opt.vocab_limit > 0 && opt.vocab_limit < cfg_.vocab_size ? opt.vocab_limit : cfg_.vocab_size;
   MX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MX_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   plan_memory();
   if (opt.dummy_weights) fill_dummy();
   else upload(bind_weights(*ckpt, cfg_));
@@ -116,6 +117,8 @@ CudaRunner::~CudaRunner() {
   for (auto e : events_) cudaEventDestroy(e);
   for (auto e : done_) cudaEventDestroy(e);
   for (auto e : copied_) cudaEventDestroy(e);
+  cudaStreamSynchronize(copy_stream_);
+  cudaStreamDestroy(copy_stream_);
   if (gemm_) cuda::gemm_context_destroy(gemm_);
   cudaFree(weights_);
   if (step_trace_) cudaFree(step_trace_);
@@ -189,7 +192,7 @@ void CudaRunner::plan_memory() {
   const size_t per_block = size_t(opt_.block_size) * c.kv_dim() * 2 * 2 * kv_arrays;
   size_t free_b = 0, total_b = 0;
   MX_CUDA(cudaMemGetInfo(&free_b, &total_b));
-  const size_t fixed = wbytes + abytes + align256(meta_bytes_) + (512ull << 20);  // + cuBLASLt, graphs, context
+  const size_t fixed = wbytes + abytes + 2 * align256(meta_bytes_) + (512ull << 20);  // + cuBLASLt, graphs, context
   const size_t budget = size_t(double(total_b) * opt_.gpu_memory_utilization);
   const size_t min_blocks = size_t(len_blocks + window_blocks);
   if (opt_.num_kv_blocks > 0) num_blocks_ = opt_.num_kv_blocks;
@@ -202,12 +205,12 @@ void CudaRunner::plan_memory() {
          min_blocks * per_block / 1073741824.0, budget / 1073741824.0, opt_.gpu_memory_utilization,
          total_b / 1073741824.0, free_b / 1073741824.0);
   MX_CUDA(cudaMalloc(&weights_, wbytes));
-  MX_CUDA(cudaMalloc(&act_, abytes + align256(meta_bytes_)));
+  MX_CUDA(cudaMalloc(&act_, abytes + 2 * align256(meta_bytes_)));  // + two device metadata buffers (parity)
   MX_CUDA(cudaMalloc(&kv_, size_t(num_blocks_) * per_block));
   // Attention kernels zero the weight of keys they must not see, and 0 x NaN is NaN: a never-written
   // block (read through the rounding of a tile edge) must hold finite values.
   MX_CUDA(cudaMemset(kv_, 0, size_t(num_blocks_) * per_block));
-  MX_CUDA(cudaMemset(act_, 0, abytes + align256(meta_bytes_)));  // tickets must start at zero
+  MX_CUDA(cudaMemset(act_, 0, abytes + 2 * align256(meta_bytes_)));  // tickets must start at zero
   stats_.weight_bytes = wbytes;
   stats_.activation_bytes = abytes;
   stats_.kv_bytes = size_t(num_blocks_) * per_block;
@@ -274,7 +277,9 @@ void CudaRunner::plan_memory() {
   lay(hm, hmeta_buf_[0]);
   lay(hm + align256(meta_bytes_) / 4, hmeta_buf_[1]);
   hmeta_ = hmeta_buf_[0];
-  lay(dm, dmeta_);
+  lay(dm, dmeta_buf_[0]);
+  lay(dm + align256(meta_bytes_) / 4, dmeta_buf_[1]);
+  dmeta_ = dmeta_buf_[0];
   MX_CUDA(cudaMallocHost(&host_logits_, S * V * 4));
   // The sampled tokens and log-probs are written by the kernels straight into mapped host memory: no
   // copy-engine hop between the step's last kernel and the host's wake-up.

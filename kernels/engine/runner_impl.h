@@ -166,11 +166,14 @@ class CudaRunner final : public CudaRunnerBase {
   float* moe_sorted_w_;
   int moe_max_tiles_ = 0;
   cuda::GemmContext* gemm_ = nullptr;
-  StepMeta hmeta_{}, dmeta_{};  // hmeta_: the host buffer of the step being planned (hmeta_buf_[parity])
-  StepMeta hmeta_buf_[2]{};
+  // hmeta_ / dmeta_: the host and device buffers of the step being planned or enqueued (parity). A step's
+  // metadata is copied on copy_stream_, so a decode-ahead step's copy runs beside the step before it.
+  StepMeta hmeta_{}, dmeta_{};
+  StepMeta hmeta_buf_[2]{}, dmeta_buf_[2]{};
+  cudaStream_t copy_stream_ = nullptr;
   StepPlan plans_[2];
-  cudaEvent_t done_[2]{};       // after each parity's last enqueued step
-  cudaEvent_t copied_[2]{};     // after its metadata copy (the host buffer may be rewritten)
+  cudaEvent_t done_[2]{};       // after each parity's last enqueued step (its device metadata is free)
+  cudaEvent_t copied_[2]{};     // after its metadata copy (copy_stream_: the host buffer may be rewritten)
   int parity_ = 0;              // of the step being enqueued: graphs_ and the result slots
   DecodeAhead ahead_;
   int32_t* dtok_ = nullptr;     // [S] the last step's picks on the device (decode ahead's input)

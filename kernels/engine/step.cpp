@@ -150,9 +150,14 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
   res_cur_ = res_dev_ + size_t(pl.parity) * 2 * S_;
   if (M > 0) {
     const StepMeta& h = hmeta_buf_[pl.parity];
-    // Metadata arrays sit at fixed offsets; the block tables follow. One copy.
-    MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice, stream_));
-    MX_CUDA(cudaEventRecord(copied_[pl.parity], stream_));
+    // Metadata arrays sit at fixed offsets; the block tables follow. One copy, into this parity's device
+    // buffer once the last step that read it has finished, on the copy stream: the step waits for the
+    // copy, not for a copy queued behind the step before it.
+    dmeta_ = dmeta_buf_[pl.parity];
+    MX_CUDA(cudaStreamWaitEvent(copy_stream_, done_[pl.parity], 0));
+    MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice, copy_stream_));
+    MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
+    MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
     if (profiling_) {
       marks_.clear();
       MX_CUDA(cudaEventRecord(events_[0], stream_));
