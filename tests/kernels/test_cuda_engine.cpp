@@ -169,6 +169,18 @@ std::string e2e_fixture(const char* preset) {
   return dir;
 }
 
+// Engine options of the small-model runs below: nseq sequences of up to `len` positions in blocks of bs.
+mx::CudaEngineOptions small_options(const std::string& dir, int nseq, int len, int bs, int tokens, int blocks) {
+  mx::CudaEngineOptions opt;
+  opt.model_dir = dir;
+  opt.max_model_len = len;
+  opt.max_num_seqs = nseq;
+  opt.max_tokens_per_step = tokens;
+  opt.num_kv_blocks = blocks;
+  opt.block_size = bs;
+  return opt;
+}
+
 E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
                   int prefill_min_tokens = 1 << 30, bool flash = true) {
   const std::string dir = e2e_fixture(preset);
@@ -179,13 +191,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   mx::CpuReference ref(cfg, w, &pool);
 
   const int bs = 4, N = P + nseq + steps, nblk = (N + bs - 1) / bs;
-  mx::CudaEngineOptions opt;
-  opt.model_dir = dir;
-  opt.max_model_len = nblk * bs;
-  opt.max_num_seqs = nseq;
-  opt.max_tokens_per_step = 256;
-  opt.num_kv_blocks = 2 * nblk * nseq + 5;
-  opt.block_size = bs;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, 256, 2 * nblk * nseq + 5);
   opt.keep_logits = true;
   opt.prefill_min_tokens = prefill_min_tokens;
   opt.flash_prefill_attention = flash;
@@ -490,13 +496,7 @@ AheadRun decode_ahead_run(bool ahead, int scenario) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int nseq = 3, P = 5, steps = 14, bs = 4, N = P + steps + 1, nblk = (N + bs - 1) / bs;
-  mx::CudaEngineOptions opt;
-  opt.model_dir = dir;
-  opt.max_model_len = nblk * bs;
-  opt.max_num_seqs = nseq;
-  opt.max_tokens_per_step = 64;
-  opt.num_kv_blocks = 2 * nblk * nseq + 2;
-  opt.block_size = bs;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, 64, 2 * nblk * nseq + 2);
   opt.decode_ahead = ahead;
   auto gpu = mx::make_cuda_runner(opt);
   std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
