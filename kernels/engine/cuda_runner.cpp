@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -19,10 +18,8 @@
 #include "kernels/decode/decode_stream.h"
 #include "kernels/engine/runner_impl.h"
 #include "kernels/moe_prefill/moe_prefill.h"
-#include "kernels/sampling/sample_filtered.h"
 #include "model/checkpoint.h"
 #include "model/rope.h"
-#include "model/sampler.h"
 #include "model/weights.h"
 
 namespace mx {

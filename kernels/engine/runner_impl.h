@@ -58,7 +58,10 @@ struct StepPlan {
   bool filters = false;      // GPU top-k / top-p / min-p after the pick
   bool need_logits = false;  // logits copied to the host (host sampling or keep_logits)
   bool graph = false;        // ran as a captured decode graph
+  bool attn_long = false;    // a context past the tensor-core attention's one pass (CudaRunner::attn_long_)
   std::vector<int> sample_seq;  // the sequence index of each sampled row
+  // Per sequence: first token row, token count, block-table offsets of the full and sliding layers.
+  std::vector<std::array<int, 4>> layout;
 };
 
 // Decode ahead (CudaEngineOptions::decode_ahead): after a graph step whose sequences all expect a next
@@ -166,7 +169,7 @@ class CudaRunner final : public CudaRunnerBase {
   float* moe_sorted_w_;
   int moe_max_tiles_ = 0;
   cuda::GemmContext* gemm_ = nullptr;
-  // hmeta_ / dmeta_: the host and device buffers of the step being planned or enqueued (parity). A step's
+  // hmeta_ / dmeta_: the host and device buffers of the step being enqueued (parity). A step's
   // metadata is copied on copy_stream_, so a decode-ahead step's copy runs beside the step before it.
   StepMeta hmeta_{}, dmeta_{};
   StepMeta hmeta_buf_[2]{}, dmeta_buf_[2]{};
@@ -187,9 +190,6 @@ class CudaRunner final : public CudaRunnerBase {
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
   std::vector<std::vector<float>> scratch_;
   std::vector<SampleJob> jobs_;
-  // Host bookkeeping of step(), kept so a step allocates nothing once warm.
-  // Per sequence: first token row, token count, block-table offsets of the full and sliding layers.
-  std::vector<std::array<int, 4>> layout_;
   // CUDA graphs of the single-chunk decode step, one per token count 1..8, attention kernel and result
   // slot parity (graph_slot).
   bool use_graphs_ = true;

@@ -60,13 +60,11 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   MX_CUDA(cudaEventSynchronize(copied_[parity]));
   pl.M = pl.S = pl.nbt = pl.n_decode = 0;
   pl.parity = parity;
-  pl.filters = pl.need_logits = pl.graph = false;
+  pl.filters = pl.need_logits = pl.graph = pl.attn_long = false;
   pl.sample_seq.clear();
-  parity_ = parity;
-  hmeta_ = hmeta_buf_[parity];
-  const StepMeta& h = hmeta_;
+  pl.layout.clear();
+  const StepMeta& h = hmeta_buf_[parity];
   int M = 0, S = 0, nbt = 0, n_decode = 0;
-  layout_.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
     const int n = int(q.tokens.size());
@@ -113,7 +111,7 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     }
     for (int j = 0; j < n; ++j)
       if (n == 1 || !opt_.flash_prefill_attention) h.decode_rows[n_decode++] = M + j;
-    layout_.push_back({M, n, nbt, bt_sw});
+    pl.layout.push_back({M, n, nbt, bt_sw});
     nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
@@ -131,10 +129,9 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     }
   }
   pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode;
-  last_sampled_ = S;
   int max_pos = 0;
   for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
-  attn_long_ = max_pos + 1 > cuda::attention_decode_mma_max_keys();
+  pl.attn_long = max_pos + 1 > cuda::attention_decode_mma_max_keys();
   pl.need_logits = opt_.keep_logits;
   for (int i : pl.sample_seq) pl.need_logits |= host_samples(seqs[size_t(i)].sampling);
   bool identity = S == M;
@@ -145,8 +142,11 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
 
 void CudaRunner::enqueue_step(const StepPlan& pl) {
   const int M = pl.M, S = pl.S;
+  // The forward reads these members: the step's buffers, slots, graph class and sampled rows.
   parity_ = pl.parity;
   hmeta_ = hmeta_buf_[pl.parity];
+  attn_long_ = pl.attn_long;
+  last_sampled_ = S;
   res_cur_ = res_dev_ + size_t(pl.parity) * 2 * S_;
   if (M > 0) {
     const StepMeta& h = hmeta_buf_[pl.parity];
@@ -179,7 +179,7 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
         s = s1;
       }
     } else {
-      forward_prefill(M, S, layout_, pl.n_decode);
+      forward_prefill(M, S, pl.layout, pl.n_decode);
     }
     MX_CUDA(cudaGetLastError());
     if (pl.filters) {  // outside the decode graphs: steps without filters pay nothing
