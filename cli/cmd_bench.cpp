@@ -13,7 +13,6 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #ifdef MXSERVE_HAVE_CUDA
-#include "kernels/decode/decode_stream.h"
 #include "kernels/engine/cuda_runner.h"
 #endif
 
@@ -26,12 +25,8 @@ struct BenchOptions {
   int depth = 0, reps = 5;
   int prefill_min_tokens = -1;  // -1: the engine's default
   int decode_step_min_tokens = -1;  // -1: the engine's default
-  int decode_stream = -1;  // -1: the engine's default (off)
-  int stream_variant = 0;  // DecodeStepParams::variant (experiments)
-  int moe_variant = 0;     // MoeDecodeParams::variant (experiments)
-  bool router_kernel = false;  // CudaEngineOptions::router_kernel
-  bool attention_registers = false;  // !CudaEngineOptions::attention_tensor_cores
   bool no_decode_ahead = false;      // !CudaEngineOptions::decode_ahead
+  bool clone_rows = false;  // decode rows share row 0's prompt and first token (an optimistic figure)
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
 };
@@ -112,69 +107,6 @@ void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
   r.set_decode_skip(0);
 }
 
-// The one-token stream kernel's stamps (decode_stream.h: per layer and SM) as CSV, and on stderr the
-// mean span per layer of each stage: from the first SM that reached a stamp to the first that
-// reached the next (the waits between ops make the first SM's times the critical path).
-void write_stream_trace(const std::vector<uint64_t>& t, int sms, FILE* f) {
-  constexpr int W = cuda::kStreamTraceWords, kStamps = cuda::kStreamAttnWaited + 1, kUnits = cuda::kStreamTraceUnits;
-  static const char* names[kStamps] = {  // in StreamTraceStamp order"qkv_ready", "oproj_ready", "mlp_ready", "routed",     "fc2_ready",
-                                       "layer_done", "attn_start", "attn_done", "attn_waited"};
-  const size_t layers = (t.size() - size_t(sms) * kUnits * 4) / (size_t(sms) * W);
-  uint64_t t0 = ~0ull;
-  for (uint64_t v : t)
-    if (v) t0 = std::min(t0, v);
-  std::fprintf(f, "layer,sm");
-  for (auto* n : names) std::fprintf(f, ",%s", n);
-  std::fprintf(f, "\n");
-  std::vector<std::vector<uint64_t>> first(layers, std::vector<uint64_t>(kStamps, ~0ull));
-  for (size_t l = 0; l < layers; ++l)
-    for (int sm = 0; sm < sms; ++sm) {
-      const uint64_t* r = t.data() + (l * sms + sm) * W;
-      std::fprintf(f, "%zu,%d", l, sm);
-      for (int i = 0; i < kStamps; ++i) {
-        std::fprintf(f, ",%lld", r[i] ? (long long)(r[i] - t0) : -1LL);
-        if (r[i]) first[l][i] = std::min(first[l][i], r[i]);
-      }
-      std::fprintf(f, "\n");
-    }
-  // Spans: qkv + attention (qkv_ready -> oproj_ready), o-proj, router (mlp_ready -> routed), FC1
-  // (routed -> fc2_ready), FC2 (fc2_ready -> next layer's qkv_ready).
-  static const char* spans[5] = {"qkv+attention", "o-proj", "router+routing", "FC1", "FC2"};
-  double sum[5] = {0, 0, 0, 0, 0};
-  int n = 0;
-  for (size_t l = 0; l + 1 < layers; ++l, ++n) {
-    const auto& a = first[l];
-    const uint64_t next = first[l + 1][0];
-    const uint64_t pts[6] = {a[0], a[1], a[2], a[3], a[4], next};
-    for (int i = 0; i < 5; ++i) sum[i] += double(pts[i + 1]) - double(pts[i]);
-  }
-  std::fprintf(stderr, "stream trace, mean per layer over %d layers (us):", n);
-  for (int i = 0; i < 5; ++i) std::fprintf(stderr, " %s %.2f", spans[i], n ? sum[i] / n / 1e3 : 0.0);
-  std::fprintf(stderr, "\n");
-  // The traced layer's units: per kind, the mean wait from the producer taking the slot to the
-  // consumer finding it full (load latency, or the consumer arriving late), and the consumer's time.
-  const size_t base = layers * sms * W, per_sm = (t.size() - base) / size_t(sms);
-  static const char* kinds[5] = {"qkv", "o-proj", "router", "FC1", "FC2"};
-  double lat[5] = {0, 0, 0, 0, 0}, work[5] = {0, 0, 0, 0, 0};
-  int cnt[5] = {0, 0, 0, 0, 0};
-  std::fprintf(f, "# units: sm,unit,kind,warp,take,ready,done\n");
-  for (int sm = 0; sm < sms; ++sm)
-    for (size_t u = 0; u < per_sm / 4; ++u) {
-      const uint64_t* r = t.data() + base + size_t(sm) * per_sm + u * 4;
-      if (!r[0] || !r[1] || !r[2]) continue;
-      const int kind = int(r[3] & 0xff);
-      if (kind < 0 || kind > 4) continue;
-      std::fprintf(f, "# %d,%zu,%d,%d,%lld,%lld,%lld\n", sm, u, kind, int(r[3] >> 8), (long long)(r[0] - t0),
-                   (long long)(r[1] - t0), (long long)(r[2] - t0));
-      lat[kind] += double(r[1]) - double(r[0]);
-      work[kind] += double(r[2]) - double(r[1]);
-      ++cnt[kind];
-    }
-  std::fprintf(stderr, "stream units of one layer (us): kind n take->ready ready->done\n");
-  for (int i = 0; i < 5; ++i)
-    if (cnt[i]) std::fprintf(stderr, "  %s %d %.2f %.2f\n", kinds[i], cnt[i], lat[i] / cnt[i] / 1e3, work[i] / cnt[i] / 1e3);
-}
-
 // Per phase of the six launches per layer, averaged over layers (attention split by window): how long
 // after the previous kernel's last CTA exits the CTAs pass their wait, the last CTA's exit after that,
 // and the phase's share of the layer (last exit - previous last exit). Records: 4 words (cta_trace.h).
@@ -226,7 +158,7 @@ void summarize_op_trace(const std::vector<uint64_t>& t, int layers) {
 // The decode step's timeline of one batch-1 step at the given depth, as CSV: per item (the
 // persistent step) or per CTA (the six launches per layer; cta_trace.h) the layer, phase (0 qkv,
 // 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait satisfied (0: none) / exit
-// times in ns from the step's first item; or the one-token stream kernel's stamps (write_stream_trace).
+// times in ns from the step's first item.
 void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const std::string& path) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
@@ -234,17 +166,11 @@ void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const st
   r.set_step_trace(true);
   for (int i = 0; i < 3; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
   const std::vector<uint64_t> t = r.last_step_trace();
-  int sms = 0;
-  const int kind = r.last_step_trace_kind(&sms);
+  const int kind = r.last_step_trace_kind();
   r.set_step_trace(false);
   if (t.empty()) fail("--step-trace: the 1-token step left no trace");
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) fail("--step-trace: cannot write {}", path);
-  if (kind == 1) {
-    write_stream_trace(t, sms, f);
-    std::fclose(f);
-    return;
-  }
   uint64_t t0 = ~0ull;
   for (size_t i = 0; i < t.size(); i += 4)
     if (t[i]) t0 = std::min(t0, t[i]);
@@ -276,11 +202,6 @@ void run_bench(const BenchOptions& o) {
   eo.max_tokens_per_step = std::max({max_b, 2048});
   if (o.prefill_min_tokens >= 0) eo.prefill_min_tokens = o.prefill_min_tokens;
   if (o.decode_step_min_tokens >= 0) eo.decode_step_min_tokens = o.decode_step_min_tokens;
-  if (o.decode_stream >= 0) eo.decode_stream = o.decode_stream != 0;
-  eo.stream_variant = o.stream_variant;
-  eo.moe_variant = o.moe_variant;
-  eo.router_kernel = o.router_kernel;
-  eo.attention_tensor_cores = !o.attention_registers;
   eo.decode_ahead = !o.no_decode_ahead;
   auto t0 = std::chrono::steady_clock::now();
   auto r = make_cuda_runner(eo);
@@ -291,30 +212,56 @@ void run_bench(const BenchOptions& o) {
                ls.upload_gbps, ls.kv_bytes / 1e9);
   const double copy_gbps = measure_d2d_bandwidth_gbps(size_t(1) << 30);
   const int bs = eo.block_size, V = r->config().vocab_size;
+  const int window = r->kv_shape().sliding_window;
   const int depth_blocks = (o.depth + bs - 1) / bs;
   const int seq_blocks = (eo.max_model_len + bs - 1) / bs;
-  const int full_blocks = (seq_blocks - depth_blocks) * max_b + depth_blocks;
-  const bool sliding = r->kv_shape().sliding_window > 0;
-  if (full_blocks * (sliding ? 2 : 1) > r->kv_shape().num_blocks)
-    fail("bench: KV cache of {} blocks is too small for batch {} at depth {}", r->kv_shape().num_blocks, max_b, o.depth);
-  // Every sequence shares the prefix blocks holding the depth (filled once, as prefix caching
-  // would), then owns its tail blocks; the sliding layers' blocks mirror the full ones after them.
-  auto table = [&](int b) {
-    KvTables t;
-    t.full.resize(size_t(seq_blocks));
-    for (int i = 0; i < seq_blocks; ++i)
-      t.full[size_t(i)] = i < depth_blocks ? i : depth_blocks + b * (seq_blocks - depth_blocks) + (i - depth_blocks);
-    if (sliding)
-      for (int32_t f : t.full) t.sliding.push_back(full_blocks + f);
+  const int row_blocks = (o.depth + max_tg + 1 + bs - 1) / bs;
+  // Decode rows other than row 0 fill their prompts in chunks of this size, so their sliding layers
+  // need only a ring of blocks covering the window and one chunk.
+  const int fill_chunk = std::min(512, eo.max_tokens_per_step);
+  const int ring = std::min(row_blocks, (window + fill_chunk + bs - 1) / bs + 2);
+  int next_block = 0;
+  auto take = [&](int n) {
+    if (next_block + n > r->kv_shape().num_blocks)
+      fail("bench: the KV cache ({} blocks) cannot hold batch {} at depth {}{}; lower --batch or --depth, or raise "
+           "--gpu-memory-utilization", r->kv_shape().num_blocks, max_b, o.depth, o.clone_rows ? "" : " (distinct rows)");
+    next_block += n;
+    return next_block - n;
+  };
+  // Row 0 (the pp tests too) owns blocks for max_model_len. Other rows own their blocks (distinct
+  // rows) or share row 0's prompt blocks and own their tail (--clone-rows, as prefix caching would).
+  std::vector<KvTables> bts(static_cast<size_t>(max_b));
+  {
+    const int f = take(seq_blocks), s = window > 0 ? take(seq_blocks) : 0;
+    for (int i = 0; i < seq_blocks; ++i) {
+      bts[0].full.push_back(f + i);
+      if (window > 0) bts[0].sliding.push_back(s + i);
+    }
+  }
+  for (int b = 1; b < max_b; ++b) {
+    KvTables& t = bts[size_t(b)];
+    const int shared = o.clone_rows ? depth_blocks : 0;
+    const int f = take(row_blocks - shared);
+    const int s = window > 0 ? take(o.clone_rows ? row_blocks - shared : ring) : 0;
+    for (int i = 0; i < row_blocks; ++i) {
+      t.full.push_back(i < shared ? bts[0].full[size_t(i)] : f + i - shared);
+      if (window > 0)
+        t.sliding.push_back(o.clone_rows ? (i < shared ? bts[0].sliding[size_t(i)] : s + i - shared) : s + i % ring);
+    }
+  }
+  // Row b's prompt: its own token sequence (row 0's for every row with --clone-rows).
+  auto row_tokens = [&](int b, int n) {
+    std::vector<int32_t> t(size_t(std::max(n, 1)));
+    const uint64_t salt = o.clone_rows ? 0 : uint64_t(b) * 104729;
+    for (size_t i = 0; i < t.size(); ++i) t[i] = int32_t((i * 7919 + 13 + salt) % uint64_t(V));
     return t;
   };
-  std::vector<int32_t> toks(std::max({o.depth, max_pp, 1}));
-  for (size_t i = 0; i < toks.size(); ++i) toks[i] = int32_t((i * 7919 + 13) % V);
-  auto prefill = [&](int start, int n, const KvTables& bt) {
-    for (int off = 0; off < n; off += eo.max_tokens_per_step) {
-      const int len = std::min(eo.max_tokens_per_step, n - off);
+  std::vector<int32_t> toks = row_tokens(0, std::max({o.depth, max_pp, 1}));
+  auto prefill_row = [&](const std::vector<int32_t>& tk, int start, int n, const KvTables& bt, int chunk) {
+    for (int off = 0; off < n; off += chunk) {
+      const int len = std::min(chunk, n - off);
       SeqStep s;
-      s.tokens = std::span<const int32_t>(toks.data() + (off % int(toks.size())), std::min<size_t>(len, toks.size() - off % toks.size()));
+      s.tokens = std::span<const int32_t>(tk.data() + (off % int(tk.size())), std::min<size_t>(len, tk.size() - off % tk.size()));
       s.start_pos = start + off;
       s.block_table = bt.full;
       s.sliding_table = bt.sliding;
@@ -324,8 +271,17 @@ void run_bench(const BenchOptions& o) {
       r->step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
     }
   };
-  const auto bt0 = table(0);
+  auto prefill = [&](int start, int n, const KvTables& bt) { prefill_row(toks, start, n, bt, eo.max_tokens_per_step); };
+  const KvTables& bt0 = bts[0];
   if (o.depth > 0) prefill(0, o.depth, bt0);
+  // The decode rows' first tokens: each row's next prompt token.
+  std::vector<int32_t> first_tok(size_t(max_b), toks[size_t(o.depth) % toks.size()]);
+  if (!o.clone_rows)
+    for (int b = 1; b < max_b; ++b) {
+      const std::vector<int32_t> tb = row_tokens(b, o.depth + 1);
+      if (o.depth > 0) prefill_row(tb, 0, o.depth, bts[size_t(b)], fill_chunk);
+      first_tok[size_t(b)] = tb[size_t(o.depth)];
+    }
   struct Row { std::string test; int batch; Stat tps; double gbps = 0, pct = 0, bytes = 0; };
   std::vector<Row> rows;
   for (int n : o.pp) {
@@ -340,27 +296,25 @@ void run_bench(const BenchOptions& o) {
   }
   for (int n : o.tg)
     for (int B : o.batch) {
-      std::vector<KvTables> bts(B);
-      for (int b = 0; b < B; ++b) bts[b] = table(b);
-      std::vector<int32_t> tk(B, 1);
+      std::vector<int32_t> tk(B);
       std::vector<SeqStep> steps(B);
       std::vector<SampleResult> out(B);
       auto run_tg = [&] {
+        for (int b = 0; b < B; ++b) tk[b] = first_tok[size_t(b)];
         for (int t = 0; t < n; ++t) {
           for (int b = 0; b < B; ++b) {
             steps[b].seq_id = b;
             steps[b].tokens = std::span<const int32_t>(&tk[b], 1);
             steps[b].start_pos = o.depth + t;
-            steps[b].block_table = bts[b].full;
-            steps[b].sliding_table = bts[b].sliding;
+            steps[b].block_table = bts[size_t(b)].full;
+            steps[b].sliding_table = bts[size_t(b)].sliding;
             steps[b].sample = true;
             steps[b].sampling.temperature = 0;
             steps[b].rng_step = uint64_t(t);
             steps[b].expect_next = t + 1 < n;  // as the server's engine says it (max_tokens)
           }
           r->step(steps, out);
-          // Fed back as the next input; the timing-only stream variants compute garbage (--stream-variant).
-          for (int b = 0; b < B; ++b) tk[b] = out[b].token >= 0 && out[b].token < V ? out[b].token : 1;
+          for (int b = 0; b < B; ++b) tk[b] = out[b].token;
         }
       };
       run_tg();  // warm-up
@@ -374,8 +328,13 @@ void run_bench(const BenchOptions& o) {
       std::fprintf(stderr, "tg%d batch %d: %llu of %d steps were enqueued ahead (decode ahead)\n", n, B,
                    static_cast<unsigned long long>(r->decode_ahead_used() - used0), n * o.reps);
       Row row{"tg" + std::to_string(n), B, stat(v)};
+      // KV read per token: every full layer reads the context, every sliding layer its window
+      // (clone rows share one context, so theirs is an upper bound of what the GPU reads).
       const auto& c = r->config();
-      const double kv_bytes = double(o.depth + n / 2) * c.kv_dim() * 2 * 2 * c.num_layers;  // K+V read per token (full layers bound)
+      const double ctx = o.depth + n / 2.0;
+      double kv_bytes = 0;
+      for (int l = 0; l < c.num_layers; ++l)
+        kv_bytes += (window > 0 && c.layer_is_sliding[size_t(l)] ? std::min<double>(ctx, window) : ctx) * c.kv_dim() * 2 * 2;
       row.bytes = r->decode_weight_bytes(B) / B + kv_bytes;
       row.gbps = row.bytes * row.tps.mean / 1e9;
       row.pct = 100.0 * row.gbps / copy_gbps;
@@ -389,16 +348,16 @@ void run_bench(const BenchOptions& o) {
   }
   if (!o.step_trace.empty()) write_step_trace(*r, bt0, o.depth, o.step_trace);
   if (o.json) {
-    std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"results\":[", model.c_str(),
-                cuda_device_name().c_str(), o.depth, copy_gbps);
+    std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"rows\":\"%s\",\"results\":[",
+                model.c_str(), cuda_device_name().c_str(), o.depth, copy_gbps, o.clone_rows ? "clone" : "distinct");
     for (size_t i = 0; i < rows.size(); ++i)
       std::printf("%s{\"test\":\"%s\",\"batch\":%d,\"tok_s\":%.2f,\"sd\":%.2f,\"bytes_per_token\":%.0f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f}",
                   i ? "," : "", rows[i].test.c_str(), rows[i].batch, rows[i].tps.mean, rows[i].tps.sd, rows[i].bytes,
                   rows[i].gbps, rows[i].pct);
     std::printf("]}\n");
   } else {
-    std::printf("model %s | GPU %s | depth %d | D2D copy bandwidth %.1f GB/s | reps %d\n", model.c_str(),
-                cuda_device_name().c_str(), o.depth, copy_gbps, o.reps);
+    std::printf("model %s | GPU %s | depth %d | D2D copy bandwidth %.1f GB/s | reps %d | %s rows\n", model.c_str(),
+                cuda_device_name().c_str(), o.depth, copy_gbps, o.reps, o.clone_rows ? "clone" : "distinct");
     std::printf("| test | batch | tok/s | MB/token | GB/s | %% copy BW |\n|---|---|---|---|---|---|\n");
     for (auto& r2 : rows)
       std::printf("| %s @ d%d | %d | %.1f ± %.1f | %.1f | %.0f | %.1f |\n", r2.test.c_str(), o.depth, r2.batch,
@@ -425,25 +384,17 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "JSON output");
   cmd->add_option("--step-trace", o->step_trace,
                   "write the timeline of a 1-token decode step (CSV) here: per CTA of the six launches per layer "
-                  "(default; a summary goes to stderr), the persistent step's items (--decode-step-min-tokens 1) "
-                  "or the stream kernel's stamps (--decode-stream 1)");
+                  "(default; a summary goes to stderr) or the persistent step's items (--decode-step-min-tokens 1)");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
   cmd->add_option("--decode-step-min-tokens", o->decode_step_min_tokens,
                   "decode steps with at least this many tokens run as one persistent kernel, smaller ones as six "
                   "launches per layer (1: always persistent, 9: never; --breakdown always launches per op)")
       ->check(CLI::Range(1, 9));
-  cmd->add_option("--decode-stream", o->decode_stream,
-                  "1-token decode steps run the warp-specialized stream kernel (1, where the GPU supports it) or "
-                  "the path --decode-step-min-tokens picks (0, the default)")
-      ->check(CLI::Range(0, 1));
-  cmd->add_option("--stream-variant", o->stream_variant, "experiments: bit 0 = shift-form E2M1 placement in the stream kernel");
-  cmd->add_option("--moe-variant", o->moe_variant,
-                  "experiments: bit 0 = one-token expert kernels on the bf16 mma path instead of FP8 tensor cores");
-  cmd->add_flag("--router-kernel", o->router_kernel,
-                "one-token steps run the router as its own kernel instead of inside the o-proj (A/B)");
-  cmd->add_flag("--attention-registers", o->attention_registers,
-                "full layers' decode attention on the register kernel instead of tensor cores (A/B)");
+  cmd->add_flag("--clone-rows", o->clone_rows,
+                "decode rows share one prompt's KV and start from the same token, so every row computes the same "
+                "tokens and routes to the same experts (the old, optimistic batch figures); default: every row "
+                "has its own prompt and token stream");
   cmd->add_flag("--no-decode-ahead", o->no_decode_ahead,
                 "each decode step waits for the host's turn instead of being enqueued before the previous "
                 "step's results are read (A/B)");

@@ -48,10 +48,9 @@ inline size_t attention_decode_scratch_floats(int M, int Hkv, int D) {
 }
 
 // The engine's choice of AttnDecodeParams::heads_per_cta. A sliding layer (128 keys, one split) runs one
-// CTA per query head: 64 short CTAs instead of 8 that each did 8 heads (120b decode step trace: 7.5 ->
-// 3.0 us). A full layer at depth 2048 has 17 splits a KV head; 4 heads a CTA measured best there (12.8
-// us; 8: 13.4, 2: 15.4, 1: 21.0): more CTAs do not fit beside the qkv kernel and start late
-// (docs/perf.md, session 12).
+// CTA per query head: many short CTAs instead of a few that each do 8 heads. A full layer at depth has
+// many splits a KV head; there 4 heads a CTA is best: more CTAs do not fit beside the qkv kernel and start
+// late, fewer heads lengthen each CTA's chain of math (docs/perf.md).
 inline int attention_decode_heads_per_cta(int window) { return window > 0 ? 1 : 4; }
 
 // D must be 16 or 64 and Hq == 8 * Hkv.

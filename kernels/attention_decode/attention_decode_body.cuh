@@ -32,11 +32,10 @@ struct CtaTeam {
 };
 
 // The last split's CTA of a (token, KV head, head group) merges the splits' partials (part: the record
-// of that token and KV head) with the sink and writes the output. One L2 round trip: each thread owns a
-// float4 column of the group's output and every R-th split (R = threads / columns), and issues those
-// loads together with the team's (max, sum) loads; the R partial sums then add up in a fixed order.
-// (Loads in rounds of 8 splits after the (max, sum) round were four dependent round trips on the
-// layer's critical path.)
+// of that token and KV head) with the sink and writes the output. The merge is on the layer's critical
+// path, so it takes one L2 round trip: each thread owns a float4 column of the group's output and every
+// R-th split (R = threads / columns), and issues those loads together with the team's (max, sum) loads;
+// the R partial sums then add up in a fixed order.
 template <int D, int GH, class Team>
 __device__ __forceinline__ void merge_splits_one_round(const AttnDecodeParams& p, const float* part, int nsplit,
                                                        int kvh, int h0, int n, Team team) {
@@ -132,9 +131,9 @@ __device__ __forceinline__ void merge_splits_batched(const AttnDecodeParams& p, 
   }
   team.sync();
   // Four outputs per thread, the splits' values loaded kMergeBatch at a time before any is used: the
-  // merge is on the critical path of the layer, and a dependent L2 round trip per split cost ~8 us at
-  // 17 splits. (16 at a time took the kernel to 188 registers, which kept its CTAs from sharing an SM
-  // with two of the qkv kernel's, so they launched later.)
+  // merge is on the critical path of the layer, where a dependent L2 round trip per split adds up. A
+  // larger batch costs registers that keep these CTAs from sharing an SM with the qkv kernel's, so they
+  // launch later (docs/perf.md).
   constexpr int kMergeBatch = 8;
   for (int i4 = team.tid(); i4 < GH * D / 4; i4 += team.size()) {
     const int i = 4 * i4, h = i / D;
@@ -182,8 +181,8 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   const int n = p.rows ? p.rows[qi] : qi;
   const int warp = team.tid() >> 5, lane = team.tid() & 31;
   // The per-op grid's CTAs keep the step's metadata and the sinks in L2 (l2_prefetch.cuh). The persistent
-  // kernels' items (all 8 heads) read them plainly: with the policy live their step kernel spilled more
-  // and batch 8 ran 0.8 % slower.
+  // kernels' items (all 8 heads) read them plainly: the policy makes their step kernel spill more
+  // (docs/perf.md).
   constexpr bool kKeep = GH < G;
   auto meta = [&](const int32_t* a) { return kKeep ? ld_keep(a) : *a; };
   if (kKeep && team.tid() == 0) l2_prefetch_keep(p.sinks + kvh * G + h0, GH * 2);  // read after the wait
@@ -334,14 +333,14 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     if (d == 0) { mine[h0 + h] = mx; mine[G + h0 + h] = sum; }
   }
   // One acquire-release ticket publishes the team's partial (ordered before it by the barrier) and,
-  // for the last split, makes the others' visible: no per-thread fences (~2 us on the critical path).
+  // for the last split, makes the others' visible: no per-thread fences on the critical path.
   team.sync();
   int* ticket = p.tickets + (qi * p.Hkv + kvh) * (G / GH) + hg;
   if (team.tid() == 0) last = atomic_add_acq_rel(ticket, 1) == nsplit - 1;
   team.sync();
   if (!last) return false;
-  // The 8-head items of the persistent step keep the batched merge: the one-round merge's registers made
-  // that kernel slower at batch 8 (937 -> 880 tok/s, docs/perf.md, session 18).
+  // The 8-head items of the persistent step keep the batched merge: the one-round merge's registers make
+  // that kernel slower at batch 8 (docs/perf.md).
   if constexpr (GH < G) merge_splits_one_round<D, GH>(p, part, nsplit, kvh, h0, n, team);
   else merge_splits_batched<D, GH>(p, part, nsplit, kvh, h0, n, team);
   if (team.tid() == 0) *ticket = 0;  // ready for the next launch / graph replay

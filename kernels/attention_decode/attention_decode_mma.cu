@@ -1,12 +1,12 @@
 // Decode attention on tensor cores for full-context layers (attention_decode.h): one CTA per (KV head,
 // token, split) over kAttnMmaSplits splits, all 8 query heads of the KV head in the CTA.
 //
-// Why this shape: at depth 2048 the register kernel ran 17 splits x 2 head groups a KV head, more CTAs
-// than fit beside the qkv kernel's, so most of them started only as the qkv CTAs left and then walked
-// pos -> block table -> K/V on the layer's critical path. Here 8 CTAs a KV head (64 for one token) fit in
-// the free slots beside the qkv grid; each copies its whole split's K/V into shared memory before its
-// PDL wait (cp.async), and after it has only q, the current key and a few mma to do. The last split of a
-// KV head (an atomic ticket) merges the partials, which travel as tagged words (see tagged()).
+// Why this shape: at long contexts the register kernel runs more CTAs a KV head than fit beside the qkv
+// kernel's, so most of them start only as the qkv CTAs leave and then walk pos -> block table -> K/V on
+// the layer's critical path (docs/perf.md). Here kAttnMmaSplits CTAs a KV head fit in the free slots
+// beside the qkv grid; each copies its whole split's K/V into shared memory before its PDL wait
+// (cp.async), and after it has only q, the current key and a few mma to do. The last split of a KV head
+// (an atomic ticket) merges the partials, which travel as tagged words (see tagged()).
 //
 // Math: S = Q K^T and O = P V as mma.sync m16n8k16 (bf16 in, fp32 accumulate) with the 8 heads as rows
 // 0-7 and their bf16 rounding residue as rows 8-15: q = q_hi + q_lo and p = p_hi + p_lo, and a thread
@@ -155,7 +155,7 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
     }
     // This warp's chunks of the pass (c = k0 + 32 (warp + 4 i)) as one batch: the scores of all of them,
     // one max, then P V, so the chunks' mma chains overlap instead of queueing behind an online softmax
-    // step each (three chunks one after another took ~2 us after the wait).
+    // step each.
     const int nch = (k1 - k0 - warp * kChunk + kWarps * kChunk - 1) / (kWarps * kChunk);
     float s[kChunksPerWarp][4][4];
 #pragma unroll
@@ -334,10 +334,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
   unsigned long long* rec = p.mma_partials + (size_t(qi) * p.Hkv + kvh) * kAttnMmaRecordWords;
   const uint32_t tag = split_partial(p, kvh, n, pos, begin, end, rec, split);
   // The ticket only elects the merging CTA (the last to arrive); the tags order the data (see tagged()).
-  // A cluster of the 8 splits merging through DSMEM measured slower: clusters of 8 CTAs did not all find
-  // room beside the qkv grid and started late (docs/perf.md, session 19).
-  // (Split 0 merging without a ticket, polling from the start, measured +0.1 % at batch 1 and -1 % at
-  // batch 4, where 32 CTAs poll: docs/perf.md, session 20.)
+  // A DSMEM merge in a cluster of the 8 splits starts late (clusters of 8 CTAs rarely all find room beside
+  // the qkv grid), and split 0 polling without a ticket costs more at larger batches (docs/perf.md).
   __syncthreads();
   int* ticket = p.tickets + qi * p.Hkv + kvh;
   if (tid == 0) last = atomicAdd(ticket, 1) == nsplit - 1;
@@ -356,11 +354,10 @@ void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s) {
   if (p.D != D) throw_error("attention_decode_mma: head_dim " + std::to_string(p.D) + " is not instantiated (64)");
   if (p.Hq != G * p.Hkv) throw_error("attention_decode_mma: needs 8 query heads per KV head");
   if (!p.mma_partials) throw_error("attention_decode_mma: mma_partials (attention_decode_mma_scratch_words) not set");
-  static const bool init = [] {
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] {
     MX_CUDA(cudaFuncSetAttribute(attn_decode_mma_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-    return true;
-  }();
-  (void)init;
+  });
   launch_pdl(attn_decode_mma_k, dim3(p.Hkv, p.M, kAttnMmaSplits), dim3(kThreads), kSmem, s, p);
 }
 

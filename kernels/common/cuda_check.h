@@ -1,6 +1,7 @@
 // Error reporting usable from .cu files, which compile as C++17 (mx::Error and fmt live in C++20
 // land): the message is built with std::string and thrown as mx::Error by cuda_check.cpp.
 #pragma once
+#include <atomic>
 #include <string>
 #include <cuda_runtime.h>
 
@@ -23,5 +24,17 @@ namespace mx::cuda {
 template <class K>
 void allow_dynamic_smem(K kernel) {
   MX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024));
+}
+
+// Function attributes belong to a device, so a launcher sets them up once on each device it runs on
+// (the current one); `done` is the launcher's own mask of devices already set up.
+template <class F>
+void once_per_device(std::atomic<unsigned long long>& done, F setup) {
+  int dev = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  const unsigned long long bit = 1ull << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  setup();
+  done.fetch_or(bit, std::memory_order_release);
 }
 }  // namespace mx::cuda

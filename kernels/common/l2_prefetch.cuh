@@ -16,7 +16,7 @@ __device__ __forceinline__ void l2_prefetch(const void* p, uint32_t bytes) {
 }
 
 // Small tensors read once a step (norm weights, biases, sinks, the step's metadata) are evicted by the
-// ~110 MB of weights streamed between two reads of them, so a kernel reading one after its PDL wait paid a
+// weights streamed between two reads of them, so a kernel reading one after its PDL wait would pay a
 // loaded HBM round trip on its critical path. These keep them in L2 (evict_last) and prefetch them before
 // the wait.
 __device__ __forceinline__ uint64_t l2_keep_policy() {

@@ -33,8 +33,8 @@ struct PdlWait {
 
 // One shared-memory carveout for every launch here (percent of the SM's maximum). A kernel needing a larger
 // carveout than the one its SM runs with cannot start there before the SM drains, so kernels that overlap
-// by PDL must agree; 25-50 % cost the L1-resident weight streams nothing (docs/perf.md, session 14) and at
-// 50 % an SM has ~100 KB free beside three qkv CTAs, which the tensor-core attention's split needs.
+// by PDL must agree. 50 % leaves an SM room for a tensor-core attention split beside three qkv CTAs and
+// costs the L1-resident weight streams nothing (docs/perf.md).
 constexpr int kPdlSmemCarveoutPercent = 50;
 
 template <class... KArgs, class... Args>

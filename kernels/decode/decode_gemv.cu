@@ -154,15 +154,15 @@ void check_m(int M) {
 void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
   check_m(p.M);
   if (p.D % 16 || p.H % 32) throw_error("qkv decode: head_dim must be a multiple of 16 and hidden of 32");
-  static bool init = (allow_dynamic_smem(qkv_rope_kv_k), true);
-  (void)init;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(qkv_rope_kv_k); });
   launch_pdl(qkv_rope_kv_k, dim3(body::qkv_ctas(p.Hq, p.Hkv, p.D)), dim3(128), smem_bytes(p.M, p.H), s, p);
 }
 
 void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {
   check_m(p.M);
-  static bool init = (allow_dynamic_smem(gemv_k<body::kOprojSplit, body::kOprojU>), true);
-  (void)init;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(gemv_k<body::kOprojSplit, body::kOprojU>); });
   launch_pdl(gemv_k<body::kOprojSplit, body::kOprojU>, dim3(body::oproj_ctas(p.N)), dim3(128), smem_bytes(p.M, p.K), s,
              GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true}, p.trace);
 }
@@ -171,15 +171,15 @@ void bf16_o_proj_router_m1(const OProjRouterParams& p, cudaStream_t s) {
   if (p.o.M != 1) throw_error("bf16_o_proj_router_m1: one token only, got " + std::to_string(p.o.M));
   if (p.E < 1 || p.E > 128) throw_error("bf16_o_proj_router_m1: 1..128 experts, got " + std::to_string(p.E));
   if (p.o.K % 32) throw_error("bf16_o_proj_router_m1: K must be a multiple of 32");
-  static bool init = (allow_dynamic_smem(oproj_router_m1_k), true);
-  (void)init;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(oproj_router_m1_k); });
   launch_pdl(oproj_router_m1_k, dim3(oproj_router_tiles(p.o.N)), dim3(128), smem_bytes(1, p.o.K), s, p);
 }
 
 void bf16_router(const RouterParams& p, cudaStream_t s) {
   check_m(p.M);
-  static bool init = (allow_dynamic_smem(router_k), true);
-  (void)init;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(router_k); });
   launch_pdl(router_k, dim3(body::router_ctas(p.E), kRouterSplits), dim3(128), smem_bytes(p.M, p.H), s, p);
 }
 
@@ -190,8 +190,8 @@ void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const ui
 
 void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, int V, int H, cudaStream_t s) {
   check_m(M);
-  static bool init = (allow_dynamic_smem(gemv_k<body::kLmHeadSplit>), true);
-  (void)init;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(gemv_k<body::kLmHeadSplit>); });
   launch_pdl(gemv_k<body::kLmHeadSplit>, dim3(body::tiles_ctas((V + 15) / 16, body::kLmHeadSplit)), dim3(128),
              smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false}, CtaTrace{});
 }
@@ -200,8 +200,8 @@ void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bia
                        cudaStream_t s) {
   check_m(M);
   if (K % 32) throw_error("bf16_gemv_small_m: K=" + std::to_string(K) + " must be a multiple of 32");
-  static bool init = (allow_dynamic_smem(gemv_k<4>), true);
-  (void)init;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(gemv_k<4>); });
   launch_pdl(gemv_k<4>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s, GemvParams{x, w, bias, y, M, N, K, false}, CtaTrace{});
 }
 

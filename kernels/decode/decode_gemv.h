@@ -109,7 +109,6 @@ struct MoeDecodeParams {
   float* y_slot = nullptr;         // fp32 [M, 4, H] = w * (W2 . act + b2) per (token, slot)
   int M = 1, E = 0, H = 0, I = 0;
   float alpha = 1.702f, limit = 7.0f;
-  int variant = 0;  // experiments (bench --moe-variant): bit 0 one token on the bf16 path, not FP8 tensor cores
   // One token on the FP8 path with the router folded into the o-proj (bf16_o_proj_router_m1): routing
   // from route_acc / ss_part instead of router_logits, and the input normalized from h instead of xn.
   const long long* route_acc = nullptr;   // [E]
@@ -123,9 +122,9 @@ struct MoeDecodeParams {
 };
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s);
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s);
-// True when these kernels take the one-token FP8 path for M tokens and MoeDecodeParams::variant
-// (M == 1, sm_89+, variant bit 0 clear), the path that can route from route_acc.
-bool mxfp4_moe_one_token_fp8(int M, int variant);
+// True when these kernels take the one-token FP8 path for M tokens (M == 1 on sm_89+), the path that
+// can route from route_acc.
+bool mxfp4_moe_one_token_fp8(int M);
 
 // xn[i] = bf16(rmsnorm(res[rows[i]])) for the S sampled rows.
 void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const uint16_t* norm_w, float eps,

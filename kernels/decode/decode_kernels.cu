@@ -102,7 +102,7 @@ __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, in
 // The inner log of the Gumbel noise is the accurate logf: near u = 1, __logf's absolute error exceeds
 // -log(u). stream_uniform: kernels/common/stream_random.cuh.
 // Greedy pick / Gumbel sample + log-softmax, split over argmax_chunks() CTAs per row (one CTA per row
-// left the 0.8 MB logit row of a 201k vocabulary to a single SM: 32 us per token). Each chunk
+// would leave a whole vocabulary's logit row to a single SM). Each chunk
 // leaves (best score, its id, max logit, sum of exp(logit - max)); argmax_merge_k combines them.
 struct ArgmaxPart { float best; int id; float mx; float z; };
 

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "kernels/attention_decode/attention_decode_body.cuh"
-#include "kernels/common/bulk_ring.cuh"
 #include "kernels/common/cta_trace.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/gemv_body.cuh"
@@ -24,6 +23,12 @@ static_assert(kFc1Done + kMaxSlots <= kLayerWords, "counter layout");
 
 __shared__ unsigned long long s_waited;  // trace: when the current item's wait was satisfied
 
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Waits until *c >= target (c null: no wait): thread 0 polls (relaxed loads, then one acquire
 // fence: an acquire load per poll would invalidate the SM's L1 each time), the barrier passes the
 // ordering on to the CTA's other threads.
@@ -33,8 +38,10 @@ struct FlagWait {
   __device__ __forceinline__ void operator()() const {
     if (!c) return;
     if (threadIdx.x == 0) {
-      ring::spin_until(c, target);
-      s_waited = ring::global_ns();
+      while (ld_relaxed(c) < target) {
+      }
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      s_waited = global_ns();
     }
     __syncthreads();
   }
@@ -86,7 +93,7 @@ template <class F>
 __device__ __forceinline__ void traced(const DecodeStepParams& p, int l, int phase, int g, F f) {
   unsigned long long t0 = 0;
   if (p.trace && threadIdx.x == 0) {
-    t0 = ring::global_ns();
+    t0 = global_ns();
     s_waited = 0;
   }
   f();
@@ -169,7 +176,7 @@ __device__ __noinline__ void route_item(const DecodeStepParams& p, int l, unsign
 
 __device__ __noinline__ void fc1_item(const DecodeStepParams& p, int l, int i, int fc1_x) {
   const int slot = i / fc1_x;
-  if (slot < s_route.count) fc1_swiglu<true>(moe_params(p, p.layers[l]), s_route, i % fc1_x, slot, s_red);
+  if (slot < s_route.count) fc1_swiglu(moe_params(p, p.layers[l]), s_route, i % fc1_x, slot, s_red);
   signal(layer_counters(p, l) + kFc1Done + slot);
 }
 
@@ -177,7 +184,7 @@ __device__ __noinline__ void fc2_item(const DecodeStepParams& p, int l, int i, i
   unsigned* cnt = layer_counters(p, l);
   const int slot = i / fc2_x;
   if (slot < s_route.count)
-    fc2<true>(moe_params(p, p.layers[l]), s_route, i % fc2_x, slot, s_red,
+    fc2(moe_params(p, p.layers[l]), s_route, i % fc2_x, slot, s_red,
               FlagWait{cnt + kFc1Done + slot, unsigned(fc1_x)});
   signal(cnt + kFc2Done);
 }
@@ -224,8 +231,8 @@ size_t smem_bytes(const DecodeStepParams& p) {
 
 template <int D>
 void launch(const DecodeStepParams& p, cudaStream_t s) {
-  static bool init = (allow_dynamic_smem(decode_step_k<D>), true);
-  (void)init;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(decode_step_k<D>); });
   // Resident CTAs per SM for this shape (not cached: runners of different shapes may share a process;
   // in graph mode this runs once, at capture).
   const size_t smem = smem_bytes(p);

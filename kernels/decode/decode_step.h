@@ -52,10 +52,6 @@ struct DecodeStepParams {
   // Diagnostics (bench --step-trace): per work item in sequence order, 4 words: globaltimer ns at
   // entry, when its wait was satisfied (0: no wait), at exit, and sm | phase << 8 | layer << 16.
   unsigned long long* trace = nullptr;
-  // Experiments (bench --stream-variant), stream kernel (decode_stream.h) only: bit 0 selects the
-  // shift form of the E2M1 placement instead of the multiply form; timing only (wrong results):
-  // bit 1 skips the math on the slots, bit 2 skips the weight copies.
-  int variant = 0;
 };
 
 // Work items of one step (the trace's length / 4).

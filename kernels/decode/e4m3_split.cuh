@@ -15,9 +15,9 @@
 //     2^-xs are applied to it in fp32, once per 32 weights: no per-weight scale multiply.
 //
 // On sm_90 ptxas lowers the e4m3 mma.sync to f16 conversions and HMMA (Hopper's native FP8 path is
-// wgmma); even so the one-token FC1 measured 19 us per 120b layer against 24.5 on the bf16 path.
-// wgmma (A from these registers, B from a zero-padded shared-memory layout) was correct but slower
-// (22 us: each batch waits for its group to retire); docs/perf.md, session 10.
+// wgmma); even so the one-token FC1 is faster than on the bf16 path. wgmma (A from these registers, B
+// from a zero-padded shared-memory layout) is correct but slower: each batch waits for its group to
+// retire (docs/perf.md).
 //
 // Fragment mapping (m16n8k32, 8-bit A row-major / B col-major): lane (g, t) loads the 16-byte group
 // t of a 128-value segment for rows g and g + 8. Its A registers for step q (word q of the group,
@@ -157,9 +157,8 @@ __device__ __forceinline__ void stage_split_item(float (&v)[8], int G, int q, bo
 // Stages K values (K % 32 == 0) from src at `dst` in shared memory. One thread per (group, word):
 // the four threads of a group are adjacent lanes and share the group's maximum. A thread's items are
 // taken three at a time with all their loads issued first (K = 2880 is three items a thread at 128
-// threads): FC2 stages after its wait, on the layer's critical path, and an L2 round trip per item
-// cost 120b batch-1 decode ~0.8 % (docs/perf.md, session 16). Contains no barrier: __syncthreads
-// before reading.
+// threads): FC2 stages after its wait, on the layer's critical path, where a dependent L2 round trip
+// per item shows (docs/perf.md). Contains no barrier: __syncthreads before reading.
 constexpr int kStageBatch = 3;
 
 // The loads of one batch of a thread's stager items (items b0 + u * blockDim.x + threadIdx.x).

@@ -17,8 +17,7 @@ using namespace mma;
 
 constexpr int kWarps = 4;
 // Weight segments each warp keeps in flight (registers). All CTAs of these grids fit in one wave, so
-// the registers of a deeper batch cost no occupancy: 8 segments (162 / 160 registers) measured
-// +4 % on the 120b decode step over 4 (docs/perf.md, 2026-11-23).
+// the registers of a deeper batch cost no occupancy and buy more bytes in flight (docs/perf.md).
 constexpr int kQkvU = 8, kOprojU = 8;
 constexpr int kQkvSplit = 4, kOprojSplit = 4, kRouterSplit = 4, kLmHeadSplit = 1;
 
@@ -64,7 +63,7 @@ __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
 // kEarlyInputs: the epilogue's bias, RoPE frequency and token 0's position and cache row are read before the
 // wait (l2_prefetch.cuh). The persistent step's item reads them in its epilogue: held across the item they
-// doubled its spills (16 -> 32 bytes) and batch 8 ran 0.8 % slower.
+// add to its spills (docs/perf.md).
 template <int KSPLIT, bool kOneTokenNorm, bool kEarlyInputs, class Wait>
 __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];

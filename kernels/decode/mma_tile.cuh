@@ -57,22 +57,13 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], uint32_t a0, uint32_t a
 
 // Two E2M1 nibble pairs (bytes at bits 0-7 and 16-23 of t) -> bf16x2 of the low nibbles / high
 // nibbles, scaled by 2^-126 (the multiply below restores it together with the block scale): the sign
-// goes to bit 15 and e1 e0 m to bits 8..6 of each half. Two equal-valued forms:
-//   shifts   : two shifted masks, or-ed (five integer-pipe ops);
-//   multiply : the masked nibbles times (2^a + 2^b) make both shifted copies at once (they do not
-//              overlap, so nothing carries), one mask keeps the wanted bits (three ops, one an IMAD).
-// With several tokens per step the multiply form measured faster (120b batch 4: 836 vs 766 tok/s),
-// with one token slower (283 vs 287): kMul selects it; the prefill MoE always uses it (docs/perf.md,
-// 2026-11-23).
-template <bool kMul>
+// goes to bit 15 and e1 e0 m to bits 8..6 of each half. The masked nibbles times (2^a + 2^b) make both
+// shifted copies at once (they do not overlap, so nothing carries); one mask keeps the wanted bits.
 __device__ __forceinline__ uint32_t fp4_lo(uint32_t t) {
-  if (kMul) return ((t & 0x000F000Fu) * ((1u << 6) + (1u << 12))) & 0x81C081C0u;
-  return ((t & 0x00070007u) << 6) | ((t & 0x00080008u) << 12);
+  return ((t & 0x000F000Fu) * ((1u << 6) + (1u << 12))) & 0x81C081C0u;
 }
-template <bool kMul>
 __device__ __forceinline__ uint32_t fp4_hi(uint32_t t) {
-  if (kMul) return ((t & 0x00F000F0u) * ((1u << 2) + (1u << 8))) & 0x81C081C0u;
-  return ((t & 0x00700070u) << 2) | ((t & 0x00800080u) << 8);
+  return ((t & 0x00F000F0u) * ((1u << 2) + (1u << 8))) & 0x81C081C0u;
 }
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
@@ -131,7 +122,6 @@ __device__ __forceinline__ void tile_bf16_run(Bf16PipeT<U>& p, const uint16_t* x
 
 // One 16-byte MXFP4 group of rows A and B (already scaled multipliers ma, mb) against the group's
 // activations x (32 values in the staged order, as four 16-byte words).
-template <bool kMul>
 __device__ __forceinline__ void group_mxfp4_x(const uint4& wa, const uint4& wb, uint32_t ma, uint32_t mb,
                                               const uint4 (&x)[4], float (&c)[4]) {
   const uint32_t a[4] = {wa.x, wa.y, wa.z, wa.w}, b[4] = {wb.x, wb.y, wb.z, wb.w};
@@ -140,22 +130,21 @@ __device__ __forceinline__ void group_mxfp4_x(const uint4& wa, const uint4& wb, 
     // Word q holds values 8q..8q+7 (byte i: 8q+2i low nibble, 8q+2i+1 high). The nibbles of bytes
     // 0 and 2 (then 1 and 3, after a shift) sit 16 bits apart, so they convert in place: the pairs
     // (v0,v4) (v1,v5) feed the first k-step and (v2,v6) (v3,v7) the second; x is staged to match.
-    mma_16816(c, bf16x2_mul(fp4_lo<kMul>(a[q]), ma), bf16x2_mul(fp4_lo<kMul>(b[q]), mb),
-              bf16x2_mul(fp4_hi<kMul>(a[q]), ma), bf16x2_mul(fp4_hi<kMul>(b[q]), mb), x[q].x, x[q].y);
+    mma_16816(c, bf16x2_mul(fp4_lo(a[q]), ma), bf16x2_mul(fp4_lo(b[q]), mb),
+              bf16x2_mul(fp4_hi(a[q]), ma), bf16x2_mul(fp4_hi(b[q]), mb), x[q].x, x[q].y);
     const uint32_t ta = a[q] >> 8, tb = b[q] >> 8;
-    mma_16816(c, bf16x2_mul(fp4_lo<kMul>(ta), ma), bf16x2_mul(fp4_lo<kMul>(tb), mb),
-              bf16x2_mul(fp4_hi<kMul>(ta), ma), bf16x2_mul(fp4_hi<kMul>(tb), mb), x[q].z, x[q].w);
+    mma_16816(c, bf16x2_mul(fp4_lo(ta), ma), bf16x2_mul(fp4_lo(tb), mb),
+              bf16x2_mul(fp4_hi(ta), ma), bf16x2_mul(fp4_hi(tb), mb), x[q].z, x[q].w);
   }
 }
 
 // The same with the activations read from the staged row at xg.
-template <bool kMul>
 __device__ __forceinline__ void group_mxfp4(const uint4& wa, const uint4& wb, uint32_t ma, uint32_t mb,
                                             const uint16_t* xg, float (&c)[4]) {
   uint4 x[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) x[q] = *reinterpret_cast<const uint4*>(xg + 8 * q);
-  group_mxfp4_x<kMul>(wa, wb, ma, mb, x, c);
+  group_mxfp4_x(wa, wb, ma, mb, x, c);
 }
 
 // MXFP4 rows: batch = U segments of 128 values (one 16-byte group per lane and row each). kRawScale:
@@ -204,12 +193,12 @@ __device__ __forceinline__ void for_each_segment(Mxfp4PipeT<U, kRawScale>& p, in
 }
 
 // c += W[rowA|rowB] . x over 128-value segments [s0, s1) (the last may be partial), p.load(s0) issued.
-template <bool kMul, int U>
+template <int U>
 __device__ __forceinline__ void tile_mxfp4_run(Mxfp4PipeT<U>& p, const uint16_t* x_row, int s0, float (&c)[4]) {
   for_each_segment(p, s0, [&](int s, const uint4& wa, const uint4& wb, uint32_t ma, uint32_t mb) {
     // Lanes past the last group read group (groups - 1)'s x: their A is zero, x must be finite.
     const int G = min(4 * s + p.t, p.groups - 1);
-    group_mxfp4<kMul>(wa, wb, ma, mb, x_row + G * kGroupStride, c);
+    group_mxfp4(wa, wb, ma, mb, x_row + G * kGroupStride, c);
   });
 }
 

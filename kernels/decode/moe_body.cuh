@@ -170,9 +170,7 @@ __device__ __forceinline__ int slot_of(const Routing& r, int n, int e) {
   return -1;
 }
 
-// FC1 + bias + clamped SwiGLU of distinct expert `slot` (< r.count), row-tile CTA `cta`. kMul: the
-// E2M1 placement form (mma_tile.cuh fp4_lo), chosen by the token count.
-template <bool kMul>
+// FC1 + bias + clamped SwiGLU of distinct expert `slot` (< r.count), row-tile CTA `cta`.
 __device__ __forceinline__ void fc1_swiglu(const MoeDecodeParams& p, const Routing& r, int cta, int slot, float* red) {
   extern __shared__ __align__(16) uint16_t xs[];
   constexpr int KSPLIT = kFc1Split;
@@ -188,7 +186,7 @@ __device__ __forceinline__ void fc1_swiglu(const MoeDecodeParams& p, const Routi
                   p.M, H, true, xs);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  tile_mxfp4_run<kMul>(pipe, xs + min(g, p.M - 1) * staged_ld(H), s0, c);
+  tile_mxfp4_run(pipe, xs + min(g, p.M - 1) * staged_ld(H), s0, c);
   reduce_ksplit(c, red, KSPLIT);
   if (kp != 0 || tile >= ntiles) return;
   const float bg = bf(p.fc1_bias[rA]), bu = bf(p.fc1_bias[rB]);
@@ -206,7 +204,7 @@ __device__ __forceinline__ void fc1_swiglu(const MoeDecodeParams& p, const Routi
 
 // FC2 + bias, times the routing weight, into y_slot, for distinct expert `slot` (< r.count). wait()
 // guards FC1's activations; the weight loads before it only need the routing.
-template <bool kMul, class Wait>
+template <class Wait>
 __device__ __forceinline__ void fc2(const MoeDecodeParams& p, const Routing& r, int cta, int slot, float* red,
                                     Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
@@ -227,7 +225,7 @@ __device__ __forceinline__ void fc2(const MoeDecodeParams& p, const Routing& r, 
       p.M, I, true, xs);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  tile_mxfp4_run<kMul>(pipe, xs + min(g, p.M - 1) * staged_ld(I), s0, c);
+  tile_mxfp4_run(pipe, xs + min(g, p.M - 1) * staged_ld(I), s0, c);
   reduce_ksplit(c, red, KSPLIT);
   if (kp != 0 || tile >= ntiles) return;
   for (int q = 0; q < 4; ++q) {

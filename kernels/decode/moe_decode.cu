@@ -18,18 +18,16 @@ namespace {
 using namespace mma;
 using namespace body;
 
-template <bool kMul>
 __global__ void __launch_bounds__(128, 3) fc1_k(MoeDecodeParams p) {
   __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
   trace_begin(p.trace);
   TracedPdlWait{p.trace.buf}();  // the experts to read depend on the router, the kernel just before
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
-  if (int(blockIdx.y) < r.count) fc1_swiglu<kMul>(p, r, blockIdx.x, blockIdx.y, red);  // uniform
+  if (int(blockIdx.y) < r.count) fc1_swiglu(p, r, blockIdx.x, blockIdx.y, red);  // uniform
   trace_end(p.trace, 4);
 }
 
-template <bool kMul>
 __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
@@ -37,7 +35,7 @@ __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   // The router finished before FC1 passed its own wait, and FC1 lets this kernel launch only after
   // that: routing and the first weight loads overlap FC1's tail; the wait guards FC1's activations.
   route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
-  if (int(blockIdx.y) < r.count) fc2<kMul>(p, r, blockIdx.x, blockIdx.y, red, TracedPdlWait{p.trace.buf});
+  if (int(blockIdx.y) < r.count) fc2(p, r, blockIdx.x, blockIdx.y, red, TracedPdlWait{p.trace.buf});
   trace_end(p.trace, 5);
 }
 
@@ -149,18 +147,16 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   trace_end(p.trace, 5);
 }
 
-// The one-token FP8 path: sm_89+, unless turned off (MoeDecodeParams::variant bit 0).
-bool use_m1(int M, int variant) {
-  static const bool fp8 = [] {
-    int dev = 0, major = 0, minor = 0;
-    MX_CUDA(cudaGetDevice(&dev));
-    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    return major * 10 + minor >= 89;
-  }();
-  return M == 1 && fp8 && !(variant & 1);
+// The one-token FP8 path: sm_89+ (the current device's).
+bool use_m1(int M) {
+  if (M != 1) return false;
+  int dev = 0, major = 0, minor = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major * 10 + minor >= 89;
 }
-bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M, p.variant); }
+bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M); }
 
 void check(const MoeDecodeParams& p) {
   if (p.M < 1 || p.M > kMaxDecodeTokens) throw_error("moe decode: M must be 1..8, got " + std::to_string(p.M));
@@ -170,31 +166,31 @@ void check(const MoeDecodeParams& p) {
 
 }  // namespace
 
-bool mxfp4_moe_one_token_fp8(int M, int variant) { return use_m1(M, variant); }
+bool mxfp4_moe_one_token_fp8(int M) { return use_m1(M); }
 
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(fc1_k); });
   if (p.route_acc && !use_m1(p)) throw_error("moe decode: route_acc needs the one-token FP8 path");
-  static bool init = (allow_dynamic_smem(fc1_k<false>), allow_dynamic_smem(fc1_k<true>), true);
-  (void)init;
   if (use_m1(p)) {
     launch_pdl(fc1_m1_k, dim3(fc1_ctas(p.I), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
     return;
   }
-  launch_pdl(p.M > 1 ? fc1_k<true> : fc1_k<false>, dim3(fc1_ctas(p.I), moe_slots(p.M, p.E)), dim3(128),
+  launch_pdl(fc1_k, dim3(fc1_ctas(p.I), moe_slots(p.M, p.E)), dim3(128),
              size_t(p.M) * staged_ld(p.H) * 2, s, p);
 }
 
 void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] { allow_dynamic_smem(fc2_k); });
   if (p.route_acc && !use_m1(p)) throw_error("moe decode: route_acc needs the one-token FP8 path");
-  static bool init = (allow_dynamic_smem(fc2_k<false>), allow_dynamic_smem(fc2_k<true>), true);
-  (void)init;
   if (use_m1(p)) {
     launch_pdl(fc2_m1_k, dim3(fc2_ctas(p.H), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.I)), s, p);
     return;
   }
-  launch_pdl(p.M > 1 ? fc2_k<true> : fc2_k<false>, dim3(fc2_ctas(p.H), moe_slots(p.M, p.E)), dim3(128),
+  launch_pdl(fc2_k, dim3(fc2_ctas(p.H), moe_slots(p.M, p.E)), dim3(128),
              size_t(p.M) * staged_ld(p.I) * 2, s, p);
 }
 

@@ -15,7 +15,6 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
-#include "kernels/decode/decode_stream.h"
 #include "kernels/engine/runner_impl.h"
 #include "kernels/moe_prefill/moe_prefill.h"
 #include "model/checkpoint.h"
@@ -92,15 +91,7 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt) {
   int dev = 0;
   MX_CUDA(cudaGetDevice(&dev));
   MX_CUDA(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev));
-  if (opt.decode_stream) {
-    cuda::DecodeStepParams shape;
-    shape.H = cfg_.hidden_size; shape.I = cfg_.intermediate_size; shape.E = cfg_.num_experts;
-    shape.Hq = cfg_.num_heads; shape.Hkv = cfg_.num_kv_heads; shape.D = cfg_.head_dim;
-    std::string why;
-    stream_ok_ = cuda::decode_stream_supported(shape, &why);
-    if (!stream_ok_) log::info("one-token decode steps run the per-op kernels: the stream kernel {}", why);
-  }
-  mma_attention_ = opt.attention_tensor_cores && cfg_.head_dim == 64 && cfg_.num_heads == 8 * cfg_.num_kv_heads;
+  mma_attention_ = cfg_.head_dim == 64 && cfg_.num_heads == 8 * cfg_.num_kv_heads;
   events_.resize(1024);
   for (auto& e : events_) MX_CUDA(cudaEventCreate(&e));
   for (auto& e : done_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -400,8 +391,7 @@ void CudaRunner::set_step_trace(bool on) {
   if (on) {
     const size_t n = cuda::decode_step_items(cuda::kDecodeMaxTokens, c.num_layers, c.hidden_size, c.intermediate_size,
                                              c.num_experts, c.num_heads, c.num_kv_heads, c.head_dim);
-    step_trace_words_ = std::max({n * 4, cuda::decode_stream_trace_words(c.num_layers, sm_count_),
-                                  size_t(c.num_layers) * kOpTraceCtasPerLayer * 4});
+    step_trace_words_ = std::max(n * 4, size_t(c.num_layers) * kOpTraceCtasPerLayer * 4);
     MX_CUDA(cudaMalloc(&step_trace_, step_trace_words_ * 8 + 8));  // + the per-op cursor
   } else {
     MX_CUDA(cudaFree(step_trace_));
@@ -436,11 +426,6 @@ std::vector<uint64_t> CudaRunner::last_step_trace() const {
   std::vector<uint64_t> v(items * 4);
   if (!v.empty()) MX_CUDA(cudaMemcpy(v.data(), step_trace_, v.size() * 8, cudaMemcpyDeviceToHost));
   return v;
-}
-
-int CudaRunner::last_step_trace_kind(int* sms) const {
-  if (sms) *sms = sm_count_;
-  return step_trace_kind_;
 }
 
 void CudaRunner::mark(const char* name, double bytes) {

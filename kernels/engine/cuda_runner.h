@@ -30,19 +30,6 @@ struct CudaEngineOptions {
   // smaller ones as six launches per layer, which are faster there (H100, 120b, tok/s at batch 1 / 4
   // / 6: 287 / 766 / 849 vs 250 / 672 / 768; at 7 / 8: 799 / 786 vs 898 / 882; docs/perf.md). 9: never.
   int decode_step_min_tokens = 7;
-  // One-token decode steps run the warp-specialized stream kernel (decode_stream.h) where the GPU
-  // supports it (sm_90+); false: the path above decides as for any token count. Off by default until
-  // it beats the six launches per layer (docs/perf.md, session 9).
-  bool decode_stream = false;
-  int stream_variant = 0;  // experiments (bench --stream-variant): DecodeStepParams::variant
-  int moe_variant = 0;     // experiments (bench --moe-variant): MoeDecodeParams::variant
-  // One-token steps on the FP8 expert path fold the router into the o-proj (bf16_o_proj_router_m1);
-  // true keeps the router kernel (bench --router-kernel, A/B and tests).
-  bool router_kernel = false;
-  // Full layers' decode attention on tensor cores (attention_decode_mma) where a split fits in one pass;
-  // false: the register kernel everywhere (bench --attention-registers, A/B and the persistent step's
-  // bit-equality tests).
-  bool attention_tensor_cores = true;
   // Enqueue the next one-token step of sequences that expect one (SeqStep::expect_next) before the
   // current step's results are read, fed by the GPU's picks: the GPU does not wait through the host's
   // turn. A next step() that asks for something else leaves that step's results unread (wasted work);
@@ -84,9 +71,9 @@ class CudaRunnerBase : public ModelRunner {
   // (DecodeStepParams::trace) in the following steps; last_step_trace() copies the last one.
   virtual void set_step_trace(bool on) = 0;
   virtual std::vector<uint64_t> last_step_trace() const = 0;
-  // Layout of that trace: 0 = the persistent step's work items (4 words each), 1 = the one-token
-  // stream kernel's stamps (kStreamTraceWords per layer and SM, decode_stream.h), with the SM count.
-  virtual int last_step_trace_kind(int* sms) const = 0;
+  // Layout of that trace: 0 = the persistent step's work items (4 words each), 2 = per-CTA records of
+  // the per-op launches (cta_trace.h).
+  virtual int last_step_trace_kind() const = 0;
   // Bytes of weights read by one decode step for M tokens (dense + expected distinct experts).
   virtual double decode_weight_bytes(int M) const = 0;
   // Bench only: replays the M-token decode graph n times back to back (the last step's metadata, no

@@ -1,7 +1,6 @@
 // The decode forward: M <= 8 tokens (any mix of sequences), six kernels per layer (five for one token
-// on the FP8 expert path: the router inside the o-proj), or from
-// decode_step_min_tokens on one persistent kernel (forward_decode_step); one-token steps on the
-// stream kernel when CudaEngineOptions::decode_stream asks for it (opt-in while it is slower).
+// on the FP8 expert path: the router inside the o-proj), or from decode_step_min_tokens on one
+// persistent kernel (forward_decode_step).
 // The residual stream ping-pongs between xa_ and xb_: each norm prologue reads x + the previous MoE's
 // per-slot outputs, and its first CTA writes the sum to the other buffer, so no kernel adds the
 // experts up.
@@ -13,7 +12,6 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
-#include "kernels/decode/decode_stream.h"
 #include "kernels/engine/runner_impl.h"
 
 namespace mx {
@@ -25,8 +23,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   const StepMeta& m = dmeta_;
   cudaStream_t s = stream_;
   if (!profiling_ && !skip_) {
-    if (M == 1 && stream_ok_) return forward_decode_step(t0, M, s0, S, true, true);
-    if (M >= opt_.decode_step_min_tokens) return forward_decode_step(t0, M, s0, S, one_token_per_seq, false);
+    if (M >= opt_.decode_step_min_tokens) return forward_decode_step(t0, M, s0, S, one_token_per_seq);
   }
   const LayerSizes ls(c);
   // Bytes each kernel reads, for the profile (experts: distinct experts expected for M tokens).
@@ -40,7 +37,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   }
   // One token on the FP8 expert path: the router runs inside the o-proj (bf16_o_proj_router_m1), whose
   // integer sums start from zero.
-  const bool fused_router = cuda::mxfp4_moe_one_token_fp8(M, opt_.moe_variant) && !opt_.router_kernel;
+  const bool fused_router = cuda::mxfp4_moe_one_token_fp8(M);
   if (fused_router) MX_CUDA(cudaMemsetAsync(route_acc_, 0, size_t(c.num_layers) * E * sizeof(long long), s));
   cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, H, s, dtok_ + t0);
   mark("embed", double(M) * H * 2);
@@ -110,7 +107,6 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
     e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
     e.xn = xn_; e.act = act_bf_; e.y_slot = ysl_;
     e.M = M; e.E = E; e.H = H; e.I = I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
-    e.variant = opt_.moe_variant;
     if (fused_router) {
       e.route_acc = route_acc_ + size_t(l) * E;
       e.ss_part = ss_part_; e.ss_parts = cuda::oproj_router_tiles(H);
@@ -128,7 +124,7 @@ void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per
   if (S > 0 && !(skip_ & kDecodeHead)) final_logits(xin, y, m.srow_local + s0, s0, S);
 }
 
-void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq, bool stream) {
+void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq) {
   const ModelConfig& c = cfg_;
   const StepMeta& m = dmeta_;
   cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, c.hidden_size, stream_, dtok_ + t0);
@@ -145,23 +141,11 @@ void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_toke
   p.Hq = c.num_heads; p.Hkv = c.num_kv_heads; p.D = c.head_dim; p.block_size = opt_.block_size;
   p.kv_stable = one_token_per_seq;
   p.trace = step_trace_;
-  p.variant = opt_.stream_variant;
-  if (stream) {
-    if (step_trace_) {
-      const size_t words = cuda::decode_stream_trace_words(c.num_layers, sm_count_);
-      if (words > step_trace_words_) fail("step trace buffer too small for the stream kernel");
-      MX_CUDA(cudaMemsetAsync(step_trace_, 0, words * 8, stream_));
-      step_trace_items_ = words / 4;
-      step_trace_kind_ = 1;
-    }
-    cuda::decode_stream(p, stream_);
-  } else {
-    if (step_trace_) {
-      step_trace_items_ = cuda::decode_step_items(M, c.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
-      step_trace_kind_ = 0;
-    }
-    cuda::decode_step(p, stream_);
+  if (step_trace_) {
+    step_trace_items_ = cuda::decode_step_items(M, c.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
+    step_trace_kind_ = 0;
   }
+  cuda::decode_step(p, stream_);
   if (S > 0) final_logits(cuda::decode_step_output(xa_, xb_, c.num_layers), ysl_, m.srow_local + s0, s0, S);
 }
 

@@ -97,7 +97,7 @@ class CudaRunner final : public CudaRunnerBase {
   uint64_t decode_ahead_launched() const override { return ahead_.launched; }
   void set_step_trace(bool on) override;
   std::vector<uint64_t> last_step_trace() const override;
-  int last_step_trace_kind(int* sms) const override;
+  int last_step_trace_kind() const override { return step_trace_kind_; }
 
  private:
   void plan_memory();
@@ -110,10 +110,9 @@ class CudaRunner final : public CudaRunnerBase {
   // meta srow_local[s0 .. s0 + S) into logits / results slot s0. one_token_per_seq: no two of the
   // M tokens belong to the same sequence.
   void forward_decode(int t0, int M, int s0, int S, bool one_token_per_seq = false);
-  // The same step as one persistent kernel: decode_step.h, or for one token the stream kernel
-  // (decode_stream.h); forward_decode calls it unless profiling or leaving kernels out, which need
-  // the per-op launches.
-  void forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq, bool stream);
+  // The same step as one persistent kernel (decode_step.h); forward_decode calls it unless profiling
+  // or leaving kernels out, which need the per-op launches.
+  void forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq);
   // Prefill forward over all M tokens of the step with the sequences' layout.
   void forward_prefill(int M, int S, const std::vector<std::array<int, 4>>& seqs, int n_decode);
   bool sliding(int layer) const { return sliding_window_ > 0 && cfg_.layer_is_sliding[size_t(layer)]; }
@@ -161,7 +160,6 @@ class CudaRunner final : public CudaRunnerBase {
   int step_trace_kind_ = 0;                         // last_step_trace_kind()
   // The per-op decode path's CTA records (cta_trace.h) go to step_trace_, behind a cursor after it.
   cuda::CtaTrace op_trace(int layer) const;
-  bool stream_ok_ = false;                          // the one-token stream kernel runs on this GPU and shape
   bool mma_attention_ = false;                      // full layers may run attention_decode_mma (this shape)
   // grouped-MoE routing scratch (prefill)
   int32_t *moe_counts_, *moe_offsets_, *moe_sorted_tok_, *moe_sorted_slot_, *moe_tile_expert_, *moe_tile_row0_,

@@ -86,12 +86,11 @@ size_t mma_smem_bytes(int K) {
 }
 
 // Byte t of w (two E2M1 values, low nibble first) -> bf16x2, times 2^(scale - 127). The nibble bits
-// land on the bf16 exponent/mantissa so the value comes out times 2^-126 (mma::fp4_lo, its multiply
-// form: +1.8 % pp2048 on both models over the shifts), and `mult` (2^(scale-1), from
-// mma::e8m0_mult) restores both factors in one exact multiply.
+// land on the bf16 exponent/mantissa so the value comes out times 2^-126 (mma::fp4_lo), and `mult`
+// (2^(scale-1), from mma::e8m0_mult) restores both factors in one exact multiply.
 __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t sel, uint32_t mult) {
   const uint32_t u = __byte_perm(w, w >> 4, sel);  // low nibble -> bits 0-3, high nibble -> bits 16-19
-  const uint32_t b = mma::fp4_lo<true>(u);
+  const uint32_t b = mma::fp4_lo(u);
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(b), "r"(mult), "r"(0x80008000u));
   return d;
@@ -250,11 +249,14 @@ static void launch_moe_mma(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
   if (p.K % kStep || p.N % 2) throw_error("moe prefill: K must be a multiple of 64 and N even");
   const size_t smem = mma_smem_bytes(p.K);
-  static size_t allowed = 0;  // the attribute call costs microseconds: once per size increase
-  if (smem > allowed) {
-    MX_CUDA(cudaFuncSetAttribute(moe_mma_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    allowed = smem;
-  }
+  // The opt-in belongs to the device: once per device, up to the device's limit (any K).
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] {
+    int dev = 0, most = 0;
+    MX_CUDA(cudaGetDevice(&dev));
+    MX_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    MX_CUDA(cudaFuncSetAttribute(moe_mma_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+  });
   moe_mma_k<kFc1><<<dim3(p.max_tiles, (p.N + kRowsW - 1) / kRowsW), kThreads, smem, s>>>(p);
   MX_CUDA(cudaGetLastError());
 }

@@ -262,12 +262,11 @@ __global__ void __launch_bounds__(kThreads) sample_filtered_k(SampleFilterParams
 template <int kThreads, int kN>
 void launch(const SampleFilterParams& p, cudaStream_t s) {
   constexpr int ctas = kN;
-  static const bool init = [] {
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] {
     MX_CUDA(cudaFuncSetAttribute(sample_filtered_k<kThreads, kN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(sizeof(Shared<kThreads>))));
-    return true;
-  }();
-  (void)init;
+  });
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.S * ctas);
   cfg.blockDim = dim3(kThreads);
