@@ -113,10 +113,10 @@ int main() {
   for (int i = 0; i < nb; ++i) bt[i] = i;
   AttnPrefillParams a;
   a.q = x; a.q_stride = QKV;
-  a.k_cache = (uint16_t*)rand_dev(size_t(M) * 8 * 64 * 2, 12);
-  a.v_cache = (uint16_t*)rand_dev(size_t(M) * 8 * 64 * 2, 13);
+  a.kv.k = rand_dev(size_t(M) * 8 * 64 * 2, 12);
+  a.kv.v = rand_dev(size_t(M) * 8 * 64 * 2, 13);
   int32_t* dbt; cudaMalloc(&dbt, nb * 4); cudaMemcpy(dbt, bt.data(), nb * 4, cudaMemcpyHostToDevice);
-  a.block_table = dbt; a.sinks = bias; a.out = (uint16_t*)y; a.T = M; a.start = 0; a.block_size = bs;
+  a.block_table = dbt; a.sinks = bias; a.out = (uint16_t*)y; a.T = M; a.start = 0; a.kv.block_size = bs;
   // x is [M, 4096] but q_stride 5120 reads past it: use the QKV-sized buffer instead.
   a.q = (uint16_t*)rand_dev(size_t(M) * QKV * 2, 14);
   a.window = 0;

@@ -13,7 +13,9 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #ifdef MXSERVE_HAVE_CUDA
+#include "kernels/engine/bench_hooks.h"
 #include "kernels/engine/cuda_runner.h"
+#include "kernels/engine/device_model.h"
 #endif
 
 namespace mx::cli {
@@ -57,15 +59,15 @@ SeqStep greedy_step(std::span<const int32_t> toks, int depth, const KvTables& bt
 // One batch-1 decode step at the given depth, run eagerly with an event after every kernel: time,
 // bytes and achieved bandwidth per kernel kind (all layers summed). Event gaps include launch gaps,
 // so the total is slower than a graph replay; the table says where the time goes, not the speed.
-void print_breakdown(CudaRunnerBase& r, const KvTables& bt, int depth, double copy_gbps, int n) {
+void print_breakdown(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth, double copy_gbps, int n) {
   const std::vector<int32_t> toks(n, 1);
   const SeqStep s = greedy_step(toks, depth, bt);
   SampleResult res;
-  r.set_profiling(true);
+  hooks.set_profiling(true);
   r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));  // warm-up
   r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
-  r.set_profiling(false);
-  auto prof = r.last_profile();
+  hooks.set_profiling(false);
+  auto prof = hooks.last_profile();
   std::sort(prof.begin(), prof.end(), [](const KernelProfile& a, const KernelProfile& b) { return a.ms > b.ms; });
   double total = 0, bytes = 0;
   for (const auto& k : prof) { total += k.ms; bytes += k.bytes; }
@@ -81,12 +83,12 @@ void print_breakdown(CudaRunnerBase& r, const KvTables& bt, int depth, double co
 // Graph replays of batch-1 decode steps with one kernel kind left out: the drop in step time is that
 // kind's marginal cost in the real schedule (graph + programmatic dependent launch), which the eager
 // table above, with an event after every kernel, cannot show.
-void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
+void print_graph_marginals(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
   auto step_ms = [&](uint32_t mask) {
-    r.set_decode_skip(mask);
+    hooks.set_decode_skip(mask);
     for (int i = 0; i < 5; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
     constexpr int kSteps = 100;
     const auto a = std::chrono::steady_clock::now();
@@ -96,7 +98,7 @@ void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
   const double full = step_ms(0);
   std::printf("\ngraph-mode marginal cost per kernel kind, batch-1 decode step at depth %d: full step %.3f ms\n",
               depth, full);
-  const double gpu = r.replay_decode_graph_ms(1, 100);
+  const double gpu = hooks.replay_decode_graph_ms(1, 100);
   std::printf("the step's graph replayed back to back: %.3f ms a step, so the host's turn between steps costs %.1f us\n",
               gpu, 1e3 * (full - gpu));
   std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |\n|---|---|---|---|\n");
@@ -104,7 +106,7 @@ void print_graph_marginals(CudaRunnerBase& r, const KvTables& bt, int depth) {
     const double t = step_ms(1u << b);
     std::printf("| %s | %.3f | %.3f | %.1f |\n", kDecodeKernelNames[b], t, full - t, 100 * (full - t) / full);
   }
-  r.set_decode_skip(0);
+  hooks.set_decode_skip(0);
 }
 
 // Per phase of the six launches per layer, averaged over layers (attention split by window): how long
@@ -159,15 +161,15 @@ void summarize_op_trace(const std::vector<uint64_t>& t, int layers) {
 // persistent step) or per CTA (the six launches per layer; cta_trace.h) the layer, phase (0 qkv,
 // 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait satisfied (0: none) / exit
 // times in ns from the step's first item.
-void write_step_trace(CudaRunnerBase& r, const KvTables& bt, int depth, const std::string& path) {
+void write_step_trace(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth, const std::string& path) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
-  r.set_step_trace(true);
+  hooks.set_step_trace(true);
   for (int i = 0; i < 3; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
-  const std::vector<uint64_t> t = r.last_step_trace();
-  const int kind = r.last_step_trace_kind();
-  r.set_step_trace(false);
+  const std::vector<uint64_t> t = hooks.last_step_trace();
+  const int kind = hooks.last_step_trace_kind();
+  hooks.set_step_trace(false);
   if (t.empty()) fail("--step-trace: the 1-token step left no trace");
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) fail("--step-trace: cannot write {}", path);
@@ -204,8 +206,9 @@ void run_bench(const BenchOptions& o) {
   if (o.decode_step_min_tokens >= 0) eo.decode_step_min_tokens = o.decode_step_min_tokens;
   eo.decode_ahead = !o.no_decode_ahead;
   auto t0 = std::chrono::steady_clock::now();
+  eo.use_graphs = !o.no_graphs;
   auto r = make_cuda_runner(eo);
-  r->set_use_graphs(!o.no_graphs);
+  CudaBenchHooks hooks(*r);
   const auto ls = r->load_stats();
   std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ls.weight_bytes / 1e9,
@@ -319,14 +322,14 @@ void run_bench(const BenchOptions& o) {
       };
       run_tg();  // warm-up
       std::vector<double> v;
-      const uint64_t used0 = r->decode_ahead_used();
+      const uint64_t used0 = r->decode_ahead_stats().used;
       for (int rep = 0; rep < o.reps; ++rep) {
         auto a = std::chrono::steady_clock::now();
         run_tg();
         v.push_back(double(n) * B / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
       }
       std::fprintf(stderr, "tg%d batch %d: %llu of %d steps were enqueued ahead (decode ahead)\n", n, B,
-                   static_cast<unsigned long long>(r->decode_ahead_used() - used0), n * o.reps);
+                   static_cast<unsigned long long>(r->decode_ahead_stats().used - used0), n * o.reps);
       Row row{"tg" + std::to_string(n), B, stat(v)};
       // KV read per token: every full layer reads the context, every sliding layer its window
       // (clone rows share one context, so theirs is an upper bound of what the GPU reads).
@@ -335,18 +338,18 @@ void run_bench(const BenchOptions& o) {
       double kv_bytes = 0;
       for (int l = 0; l < c.num_layers; ++l)
         kv_bytes += (window > 0 && c.layer_is_sliding[size_t(l)] ? std::min<double>(ctx, window) : ctx) * c.kv_dim() * 2 * 2;
-      row.bytes = r->decode_weight_bytes(B) / B + kv_bytes;
+      row.bytes = decode_weight_bytes(DeviceShape::of(c), B) / B + kv_bytes;
       row.gbps = row.bytes * row.tps.mean / 1e9;
       row.pct = 100.0 * row.gbps / copy_gbps;
       rows.push_back(row);
     }
   const std::string model = o.model.empty() ? "dummy " + o.preset : o.model;
   if (o.breakdown) {
-    print_breakdown(*r, bt0, o.depth, copy_gbps, 1);
-    if (!o.no_graphs) print_graph_marginals(*r, bt0, o.depth);
-    print_breakdown(*r, bt0, o.depth, copy_gbps, std::min(max_pp, eo.max_tokens_per_step));
+    print_breakdown(*r, hooks, bt0, o.depth, copy_gbps, 1);
+    if (!o.no_graphs) print_graph_marginals(*r, hooks, bt0, o.depth);
+    print_breakdown(*r, hooks, bt0, o.depth, copy_gbps, std::min(max_pp, eo.max_tokens_per_step));
   }
-  if (!o.step_trace.empty()) write_step_trace(*r, bt0, o.depth, o.step_trace);
+  if (!o.step_trace.empty()) write_step_trace(*r, hooks, bt0, o.depth, o.step_trace);
   if (o.json) {
     std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"rows\":\"%s\",\"results\":[",
                 model.c_str(), cuda_device_name().c_str(), o.depth, copy_gbps, o.clone_rows ? "clone" : "distinct");

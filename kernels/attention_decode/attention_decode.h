@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/common/kv_cache.h"
+
 #include "kernels/common/cta_trace.h"
 
 namespace mx::cuda {
@@ -20,8 +22,7 @@ struct AttnDecodeParams {
   const float* q = nullptr;             // fp32, query of token r at q + r * q_stride, RoPE applied
   int q_stride = 0;                     // Hq * D, or the fused qkv row length
   const int32_t* rows = nullptr;        // optional [M]: query i is token rows[i] (q, pos, bt_off, out)
-  const uint16_t* k_cache = nullptr;    // bf16 [rows, Hkv * D], row = block * block_size + offset
-  const uint16_t* v_cache = nullptr;
+  KvLayer kv;                           // the layer's paged cache (bf16, kv_cache.h)
   const int32_t* pos = nullptr;         // [M] position of each query; keys [lo, pos] are in the cache
   const int32_t* bt_off = nullptr;      // [M] offset of each query's block table in block_tables
   const int32_t* block_tables = nullptr;
@@ -32,7 +33,7 @@ struct AttnDecodeParams {
   // attention_decode_mma only: its splits' partials as tagged words (attention_decode_mma_scratch_words),
   // zero before the first launch.
   unsigned long long* mma_partials = nullptr;
-  int M = 1, Hq = 64, Hkv = 8, D = 64, block_size = 16;
+  int M = 1, Hq = 64, Hkv = 8, D = 64;
   int window = 0;                       // 0 = full attention
   // Query heads per CTA (8, 4, 2 or 1): fewer shorten each CTA's chain of dependent math
   // (attention_decode_body.cuh); see attention_decode_heads_per_cta.

@@ -206,9 +206,9 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   auto issue = [&](int c, bool skip_current) {
     const int j = c + lane;
     valid = j < end;
-    row = valid ? size_t(meta(bt + j / p.block_size)) * p.block_size + j % p.block_size : 0;
+    row = valid ? size_t(meta(bt + j / p.kv.block_size)) * p.kv.block_size + j % p.kv.block_size : 0;
     const bool load_k = valid && !(skip_current && j == pos);
-    const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
+    const uint16_t* kp = p.kv.k_bf16() + row * kvd + kvh * D;
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) kk[i] = load_k ? *reinterpret_cast<const uint4*>(kp + 8 * i) : make_uint4(0, 0, 0, 0);
     const int nv = min(32, end - c);
@@ -216,7 +216,7 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     for (int jj = 0; jj < 32; ++jj) {
       const size_t r = __shfl_sync(0xffffffffu, row, jj);
       const bool load_v = jj < nv && 2 * lane < D && !(skip_current && c + jj == pos);
-      vv[jj] = load_v ? *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane) : 0u;
+      vv[jj] = load_v ? *reinterpret_cast<const uint32_t*>(p.kv.v_bf16() + r * kvd + kvh * D + 2 * lane) : 0u;
     }
   };
   int c0 = begin + warp * 32;
@@ -225,14 +225,14 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   wait();
   if (early && pos < c0 + 32) {  // the current key, written by the kernel before
     if (c0 + lane == pos) {
-      const uint16_t* kp = p.k_cache + row * kvd + kvh * D;
+      const uint16_t* kp = p.kv.k_bf16() + row * kvd + kvh * D;
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) kk[i] = *reinterpret_cast<const uint4*>(kp + 8 * i);
     }
     const size_t r = __shfl_sync(0xffffffffu, row, pos - c0);
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj)
-      if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.v_cache + r * kvd + kvh * D + 2 * lane);
+      if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.kv.v_bf16() + r * kvd + kvh * D + 2 * lane);
   }
   // q after the wait (the kernel before wrote it): every thread's loads issued before any store, so
   // the staging is one L2 round trip (a team has at least kWarps warps).

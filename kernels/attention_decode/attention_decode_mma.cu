@@ -82,7 +82,7 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
   __shared__ int bts[kKeys + 1];
   __shared__ float wm[kWarps][G], wl[kWarps][G];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int bs = p.block_size;
+  const int bs = p.kv.block_size;
   const int32_t* bt = p.block_tables + ld_keep(p.bt_off + n);
 
   // Keys [k0, k1) into smem rows 0.. (the block-table entries staged first: one round trip, not one a
@@ -98,8 +98,8 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
       if (j == skip) continue;  // filled after the wait
       const bool valid = j < k1;
       const size_t off = valid ? ((size_t(bts[j / bs - b0]) * bs + j % bs) * p.Hkv + kvh) * D + 8 * c : 0;
-      cp_async16(ks + swz(r, c), p.k_cache + off, valid);
-      cp_async16(vs + swz(r, c), p.v_cache + off, valid);
+      cp_async16(ks + swz(r, c), p.kv.k_bf16() + off, valid);
+      cp_async16(vs + swz(r, c), p.kv.v_bf16() + off, valid);
     }
     cp_async_commit();
   };
@@ -112,8 +112,8 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
   } else if (pos < k1_first && tid < 8) {  // the current key, written by the kernel before
     const int r = pos - begin;
     const size_t off = ((size_t(bts[pos / bs - begin / bs]) * bs + pos % bs) * p.Hkv + kvh) * D + 8 * tid;
-    cp_async16(ks + swz(r, tid), p.k_cache + off);
-    cp_async16(vs + swz(r, tid), p.v_cache + off);
+    cp_async16(ks + swz(r, tid), p.kv.k_bf16() + off);
+    cp_async16(vs + swz(r, tid), p.kv.v_bf16() + off);
     cp_async_commit();
   }
 
@@ -351,6 +351,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
 }  // namespace
 
 void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s) {
+  require_bf16_kv(p.kv, "attention_decode_mma");
   if (p.D != D) throw_error("attention_decode_mma: head_dim " + std::to_string(p.D) + " is not instantiated (64)");
   if (p.Hq != G * p.Hkv) throw_error("attention_decode_mma: needs 8 query heads per KV head");
   if (!p.mma_partials) throw_error("attention_decode_mma: mma_partials (attention_decode_mma_scratch_words) not set");

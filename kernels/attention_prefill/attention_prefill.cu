@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
   const int klo = p.window > 0 ? max(0, pmin - p.window + 1) : 0;  // keys below: zero-filled
   const int kbeg = klo / BK * BK;
   const int ntiles = (pmax - kbeg) / BK + 1;
-  const int nthreads = 32 * G;
+  const int nthreads = 32 * G, bs = p.kv.block_size;
 
   auto load_tile = [&](int tile, int buf) {
     const int k0 = kbeg + tile * BK;
@@ -55,11 +55,11 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
       const bool valid = j >= klo && j <= pmax;
       size_t off = 0;
       if (valid) {
-        const size_t row = size_t(p.block_table[j / p.block_size]) * p.block_size + j % p.block_size;
+        const size_t row = size_t(p.block_table[j / bs]) * bs + j % bs;
         off = (row * p.Hkv + kvh) * D + c;
       }
-      cp_async16(&ks[buf][r * LDS + c], p.k_cache + off, valid);
-      cp_async16(&vs[buf][r * LDS + c], p.v_cache + off, valid);
+      cp_async16(&ks[buf][r * LDS + c], p.kv.k_bf16() + off, valid);
+      cp_async16(&vs[buf][r * LDS + c], p.kv.v_bf16() + off, valid);
     }
     cp_async_commit();
   };
@@ -188,6 +188,7 @@ __global__ void __launch_bounds__(32 * kMaxG) attn_prefill_kernel(AttnPrefillPar
 }  // namespace
 
 void attention_prefill_bf16(const AttnPrefillParams& p, cudaStream_t s) {
+  require_bf16_kv(p.kv, "attention_prefill");
   if (p.T <= 0) return;
   if (p.Hkv <= 0 || p.Hq % p.Hkv || p.Hq / p.Hkv > kMaxG)
     throw std::invalid_argument("attention_prefill_bf16: needs Hq a multiple of Hkv with at most " +

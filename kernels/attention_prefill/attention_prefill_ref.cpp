@@ -18,12 +18,12 @@ void attention_prefill_ref(const AttnPrefillParams& p, float* out) {
       l.assign(size_t(pos + 1), 0.0);
       double m = bf16_to_f32(p.sinks[h]);
       auto row = [&](int j) {
-        return (size_t(p.block_table[j / p.block_size]) * p.block_size + j % p.block_size) * p.Hkv + kvh;
+        return (size_t(p.block_table[j / p.kv.block_size]) * p.kv.block_size + j % p.kv.block_size) * p.Hkv + kvh;
       };
       for (int j = j0; j <= pos; ++j) {
         double acc = 0;
         for (int d = 0; d < D; ++d)
-          acc += double(bf16_to_f32(p.q[size_t(t) * p.q_stride + h * D + d])) * bf16_to_f32(p.k_cache[row(j) * D + d]);
+          acc += double(bf16_to_f32(p.q[size_t(t) * p.q_stride + h * D + d])) * bf16_to_f32(p.kv.k_bf16()[row(j) * D + d]);
         l[j] = acc * p.scale;
         m = std::max(m, l[j]);
       }
@@ -31,7 +31,7 @@ void attention_prefill_ref(const AttnPrefillParams& p, float* out) {
       for (int j = j0; j <= pos; ++j) { l[j] = std::exp(l[j] - m); den += l[j]; }
       for (int d = 0; d < D; ++d) {
         double o = 0;
-        for (int j = j0; j <= pos; ++j) o += l[j] * bf16_to_f32(p.v_cache[row(j) * D + d]);
+        for (int j = j0; j <= pos; ++j) o += l[j] * bf16_to_f32(p.kv.v_bf16()[row(j) * D + d]);
         out[size_t(t) * p.Hq * D + h * D + d] = float(o / den);
       }
     }

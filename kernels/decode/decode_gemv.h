@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/cta_trace.h"
+#include "kernels/common/kv_cache.h"
 
 namespace mx::cuda {
 
@@ -42,8 +43,7 @@ struct QkvRopeKvParams {
   const float* inv_freq = nullptr;   // [D / 2]
   float concentration = 1.f;
   float* q_out = nullptr;            // fp32 [M, Hq * D], rotated
-  uint16_t* k_cache = nullptr;       // bf16 [rows, Hkv * D]
-  uint16_t* v_cache = nullptr;
+  KvLayer kv;                        // the layer's paged cache (bf16, kv_cache.h)
   int M = 1, H = 0, Hq = 0, Hkv = 0, D = 64;
   // One token, full attention: prefetch the older K / V blocks into L2 while the weights stream. The
   // attention CTAs that get an SM only as this kernel's leave then read them from L2 (120b full
@@ -51,7 +51,6 @@ struct QkvRopeKvParams {
   bool kv_prefetch = false;
   const int32_t* block_tables = nullptr;
   const int32_t* bt_off = nullptr;   // [M]
-  int block_size = 16;
   CtaTrace trace;                    // diagnostics (cta_trace.h)
 };
 void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s);

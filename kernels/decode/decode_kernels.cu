@@ -66,12 +66,12 @@ __global__ void rope_kv_k(RopeKvParams p) {
       qb[i + half] = to_bf(y2);
     } else {
       const size_t o = crow + size_t(h - p.Hq) * D;
-      p.k_cache[o + i] = to_bf(y1);
-      p.k_cache[o + i + half] = to_bf(y2);
+      p.kv.k_bf16()[o + i] = to_bf(y1);
+      p.kv.k_bf16()[o + i + half] = to_bf(y2);
     }
   }
   const float* vv = q + size_t(p.Hq + p.Hkv) * D;
-  for (int t = threadIdx.x; t < p.Hkv * D; t += blockDim.x) p.v_cache[crow + t] = to_bf(vv[t]);
+  for (int t = threadIdx.x; t < p.Hkv * D; t += blockDim.x) p.kv.v_bf16()[crow + t] = to_bf(vv[t]);
 }
 
 __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, int k) {
@@ -194,7 +194,10 @@ void launch_rmsnorm_bf16(const float* x, const int32_t* rows, const uint16_t* g,
                          cudaStream_t s) {
   rmsnorm_k<<<M, 256, 0, s>>>(x, rows, g, y, H, eps);
 }
-void launch_rope_kv(const RopeKvParams& p, cudaStream_t s) { rope_kv_k<<<p.M, 256, 0, s>>>(p); }
+void launch_rope_kv(const RopeKvParams& p, cudaStream_t s) {
+  require_bf16_kv(p.kv, "rope_kv");
+  rope_kv_k<<<p.M, 256, 0, s>>>(p);
+}
 void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, int k, cudaStream_t s) {
   topk_k<<<(M + 63) / 64, 64, 0, s>>>(lg, idx, w, M, E, k);
 }

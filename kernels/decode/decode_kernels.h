@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/common/kv_cache.h"
+
 namespace mx::cuda {
 
 // x[m, :] = embed[tokens[m], :], or embed[picked[m], :] where tokens[m] < 0 (decode ahead: the token
@@ -24,8 +26,7 @@ struct RopeKvParams {
   const int32_t* slot;      // [M] cache row index (block * block_size + offset)
   const float* inv_freq;    // [D / 2]
   float concentration;
-  uint16_t* k_cache;        // [rows, Hkv * D]
-  uint16_t* v_cache;
+  KvLayer kv;               // the layer's paged cache (bf16)
   uint16_t* q_bf16;         // [M, Hq * D]
   int M, Hq, Hkv, D;
 };

@@ -116,7 +116,7 @@ __device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, u
   q.res = {layer_in(p, l), l ? p.y_slot : nullptr, layer_out(p, l)};
   q.norm_w = L.attn_norm; q.eps = p.eps; q.w = L.qkv_w; q.bias = L.qkv_b;
   q.pos = p.pos; q.slot = L.window ? p.slot_sw : p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
-  q.q_out = p.q; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
+  q.q_out = p.q; q.kv = L.kv;
   q.M = p.M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
   qkv_rope_kv<kQkvSplit, false, false>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
   signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
@@ -127,11 +127,11 @@ __device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, 
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   AttnDecodeParams a;
-  a.q = p.q; a.q_stride = p.Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
+  a.q = p.q; a.q_stride = p.Hq * D; a.kv = L.kv;
   a.pos = p.pos; a.bt_off = L.window ? p.bt_off_sw : p.bt_off; a.block_tables = p.block_tables;
   a.sinks = L.sinks; a.out = p.attn;
   a.partials = p.attn_partials; a.tickets = p.attn_tickets;
-  a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.block_size = p.block_size; a.window = L.window;
+  a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.window = L.window;
   a.kv_stable = p.kv_stable;
   const int kvh = i % p.Hkv, qi = i / p.Hkv % p.M, split = i / (p.Hkv * p.M);
   const bool done = attn_decode<D, kAttnG>(a, kvh, 0, qi, split, FlagWait{cnt + kvh, qkv_per_head});

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/common/kv_cache.h"
+
 namespace mx::cuda {
 
 // Per-layer weights and caches, in device memory (uploaded once).
@@ -23,7 +25,7 @@ struct DecodeStepLayer {
   const uint16_t *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
   const uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
   const uint16_t *up_bias, *down_bias;
-  uint16_t *k_cache, *v_cache;
+  KvLayer kv;  // the layer's paged cache (bf16)
   int window;  // 0 = full attention
 };
 
@@ -47,7 +49,7 @@ struct DecodeStepParams {
   const int32_t *slot_sw = nullptr, *bt_off_sw = nullptr;  // [M] of the sliding layers (window != 0)
   const float* inv_freq = nullptr;
   float concentration = 1.f, eps = 1e-5f, alpha = 1.702f, limit = 7.f;
-  int M = 1, H = 0, I = 0, E = 0, Hq = 0, Hkv = 0, D = 64, block_size = 16;
+  int M = 1, H = 0, I = 0, E = 0, Hq = 0, Hkv = 0, D = 64;
   bool kv_stable = false;   // one token per sequence: attention reads older keys before waiting
   // Diagnostics (bench --step-trace): per work item in sequence order, 4 words: globaltimer ns at
   // entry, when its wait was satisfied (0: no wait), at exit, and sm | phase << 8 | layer << 16.

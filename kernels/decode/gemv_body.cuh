@@ -53,11 +53,11 @@ __device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s
 // One token: the full-attention layer's older K / V blocks (those holding keys [0, pos)) into L2, one
 // prefetch of a block's K or V rows (all KV heads, contiguous) per item, the items spread over the CTAs.
 __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta) {
-  const int pos = ld_keep(p.pos), nb = (pos + p.block_size - 1) / p.block_size;
+  const int pos = ld_keep(p.pos), nb = (pos + p.kv.block_size - 1) / p.kv.block_size;
   const int32_t* bt = p.block_tables + ld_keep(p.bt_off);
-  const size_t block_elems = size_t(p.block_size) * p.Hkv * p.D;
+  const size_t block_elems = size_t(p.kv.block_size) * p.Hkv * p.D;
   for (int i = cta; i < 2 * nb; i += gridDim.x)
-    l2_prefetch((i & 1 ? p.v_cache : p.k_cache) + size_t(ld_keep(bt + i / 2)) * block_elems, uint32_t(block_elems * 2));
+    l2_prefetch((i & 1 ? p.kv.v_bf16() : p.kv.k_bf16()) + size_t(ld_keep(bt + i / 2)) * block_elems, uint32_t(block_elems * 2));
 }
 
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
@@ -119,7 +119,7 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
     } else {
       const bool is_k = h < p.Hq + p.Hkv;
       const int kvh = is_k ? h - p.Hq : h - p.Hq - p.Hkv;
-      uint16_t* row = (is_k ? p.k_cache : p.v_cache) + size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
+      uint16_t* row = (is_k ? p.kv.k_bf16() : p.kv.v_bf16()) + size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
       row[d] = to_bf(x1);
       row[d + half] = to_bf(x2);
     }

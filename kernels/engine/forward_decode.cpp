@@ -1,173 +1,225 @@
-// The decode forward: M <= 8 tokens (any mix of sequences), six kernels per layer (five for one token
-// on the FP8 expert path: the router inside the o-proj), or from decode_step_min_tokens on one
-// persistent kernel (forward_decode_step).
-// The residual stream ping-pongs between xa_ and xb_: each norm prologue reads x + the previous MoE's
-// per-slot outputs, and its first CTA writes the sum to the other buffer, so no kernel adds the
-// experts up.
+// The decode forward (forward.h): M <= 8 tokens, any mix of sequences. The residual stream ping-pongs
+// between xa and xb: each norm prologue reads x + the previous layer's per-slot expert outputs and
+// its first CTA writes the sum to the other buffer, so no kernel adds the experts up.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
-#include "kernels/engine/runner_impl.h"
+#include "kernels/engine/forward.h"
+#include "model/rope.h"
 
 namespace mx {
 
-void CudaRunner::forward_decode(int t0, int M, int s0, int S, bool one_token_per_seq) {
-  const ModelConfig& c = cfg_;
-  const int H = c.hidden_size, E = c.num_experts, I = c.intermediate_size;
-  const int D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
-  const StepMeta& m = dmeta_;
-  cudaStream_t s = stream_;
-  if (!profiling_ && !skip_) {
-    if (M >= opt_.decode_step_min_tokens) return forward_decode_step(t0, M, s0, S, one_token_per_seq);
+Forward::Forward(const DeviceModel& model, const KvCache& kv, const Activations& act, const ForwardOptions& opt,
+                 cudaStream_t stream, Probe& probe)
+    : model_(model), shape_(model.shape), kv_(kv), act_(act), opt_(opt), stream_(stream), probe_(probe) {
+  std::vector<float> inv(size_t(shape_.D / 2));
+  concentration_ = yarn_inv_freq(model.cfg, inv.data()).concentration;
+  MX_CUDA(cudaMemcpy(act_.inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  gemm_ = cuda::gemm_context_create();
+  mma_attention_ = shape_.D == 64 && shape_.Hq == 8 * shape_.Hkv;
+  // The persistent step's per-layer pointers, read by its work items on the device.
+  std::vector<cuda::DecodeStepLayer> sl(size_t(shape_.layers));
+  for (int l = 0; l < shape_.layers; ++l) {
+    const DeviceLayer& d = model.layers[size_t(l)];
+    sl[size_t(l)] = {d.attn_norm, d.qkv_w, d.qkv_b, d.o_w, d.o_b, d.sinks, d.mlp_norm, d.router_w, d.router_b,
+                     d.up_blocks, d.up_scales, d.down_blocks, d.down_scales, d.up_bias, d.down_bias,
+                     kv.layers[size_t(l)], model.window(l)};
+    cuda::require_bf16_kv(kv.layers[size_t(l)], "decode_step");
   }
-  const LayerSizes ls(c);
-  // Bytes each kernel reads, for the profile (experts: distinct experts expected for M tokens).
-  const double touched = expected_distinct_experts(c, M);
-  const double fc1_bytes = touched * double(ls.up_blocks + ls.up_scales + ls.up_bias) / E;
-  const double fc2_bytes = touched * double(ls.down_blocks + ls.down_scales + ls.down_bias) / E;
-
-  if (step_trace_) {  // per-op CTA records (cta_trace.h): reset the cursor
-    MX_CUDA(cudaMemsetAsync(step_trace_ + step_trace_words_, 0, 8, s));
-    step_trace_kind_ = 2;
-  }
-  // One token on the FP8 expert path: the router runs inside the o-proj (bf16_o_proj_router_m1), whose
-  // integer sums start from zero.
-  const bool fused_router = cuda::mxfp4_moe_one_token_fp8(M);
-  if (fused_router) MX_CUDA(cudaMemsetAsync(route_acc_, 0, size_t(c.num_layers) * E * sizeof(long long), s));
-  cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, H, s, dtok_ + t0);
-  mark("embed", double(M) * H * 2);
-  float *xin = xa_, *xout = xb_;
-  const float* y = nullptr;
-  for (int l = 0; l < c.num_layers; ++l) {
-    const DevLayer& L = layers_[l];
-    cuda::QkvRopeKvParams q;
-    q.res = {xin, y, xout};
-    q.norm_w = L.attn_norm; q.eps = c.rms_norm_eps; q.w = L.qkv_w; q.bias = L.qkv_b;
-    q.pos = m.pos + t0; q.slot = (sliding(l) ? m.slot_sw : m.slot) + t0;
-    q.inv_freq = inv_freq_; q.concentration = concentration_;
-    q.q_out = qkv_; q.k_cache = L.k_cache; q.v_cache = L.v_cache;
-    q.M = M; q.H = H; q.Hq = Hq; q.Hkv = Hkv; q.D = D;
-    q.trace = op_trace(l);
-    if (M == 1 && one_token_per_seq && !sliding(l)) {  // the older keys are final: see QkvRopeKvParams
-      q.kv_prefetch = true;
-      q.block_tables = m.bt; q.bt_off = m.bt_off + t0; q.block_size = opt_.block_size;
-    }
-    if (!(skip_ & kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, s);
-    mark("qkv_rope_kv", double(ls.qkv_w));
-
-    cuda::AttnDecodeParams a;
-    a.q = qkv_; a.q_stride = Hq * D; a.k_cache = L.k_cache; a.v_cache = L.v_cache;
-    a.pos = m.pos + t0; a.bt_off = (sliding(l) ? m.bt_off_sw : m.bt_off) + t0; a.block_tables = m.bt;
-    a.sinks = L.sinks; a.out = attn_;
-    a.partials = attn_part_; a.tickets = tickets_; a.mma_partials = attn_mma_part_;
-    a.M = M; a.Hq = Hq; a.Hkv = Hkv; a.D = D; a.block_size = opt_.block_size;
-    a.window = c.layer_is_sliding[l] ? c.sliding_window : 0;
-    a.kv_stable = one_token_per_seq;
-    a.heads_per_cta = cuda::attention_decode_heads_per_cta(a.window);
-    a.trace = op_trace(l);
-    if (!(skip_ & kDecodeAttention)) {
-      if (mma_attention_ && !a.window && !attn_long_) cuda::attention_decode_mma(a, s);
-      else cuda::attention_decode(a, s);
-    }
-    if (profiling_) {
-      double kv = 0;
-      for (int i = 0; i < M; ++i) {
-        const int pos = hmeta_.pos[t0 + i];
-        kv += double(a.window ? std::min(pos + 1, a.window) : pos + 1) * Hkv * D * 2 * 2;
-      }
-      mark(a.window ? "attention_sliding" : "attention_full", kv);
-    }
-
-    const cuda::OProjParams op{attn_, L.o_w, L.o_b, xout, M, H, Hq * D, op_trace(l)};
-    if (fused_router) {
-      if (!(skip_ & kDecodeOProj))
-        cuda::bf16_o_proj_router_m1({op, L.mlp_norm, L.router_w, route_acc_ + size_t(l) * E, ss_part_, E}, s);
-      mark("o_proj_residual_router", double(ls.o_w + ls.router_w));
-    } else {
-      if (!(skip_ & kDecodeOProj)) cuda::bf16_o_proj_residual(op, s);
-      mark("o_proj_residual", double(ls.o_w));
-      cuda::RouterParams r;
-      r.res = {xout, nullptr, nullptr};
-      r.norm_w = L.mlp_norm; r.eps = c.rms_norm_eps; r.w = L.router_w; r.bias = L.router_b;
-      r.logits = router_; r.xn = xn_; r.M = M; r.E = E; r.H = H;
-      r.trace = op_trace(l);
-      if (!(skip_ & kDecodeRouter)) cuda::bf16_router(r, s);
-      mark("router", double(ls.router_w));
-    }
-
-    cuda::MoeDecodeParams e;
-    e.router_logits = router_;
-    e.router_splits = cuda::kRouterSplits;
-    e.fc1_blocks = L.up_blocks; e.fc1_scales = L.up_scales; e.fc1_bias = L.up_bias;
-    e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
-    e.xn = xn_; e.act = act_bf_; e.y_slot = ysl_;
-    e.M = M; e.E = E; e.H = H; e.I = I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
-    if (fused_router) {
-      e.route_acc = route_acc_ + size_t(l) * E;
-      e.ss_part = ss_part_; e.ss_parts = cuda::oproj_router_tiles(H);
-      e.router_bias = L.router_b; e.norm_w = L.mlp_norm; e.h = xout; e.eps = c.rms_norm_eps;
-    }
-    e.trace = op_trace(l);
-    if (!(skip_ & kDecodeFc1)) cuda::mxfp4_moe_fc1_swiglu(e, s);
-    mark("moe_fc1_swiglu", fc1_bytes);
-    if (!(skip_ & kDecodeFc2)) cuda::mxfp4_moe_fc2(e, s);
-    mark("moe_fc2", fc2_bytes);
-
-    std::swap(xin, xout);
-    y = ysl_;
-  }
-  if (S > 0 && !(skip_ & kDecodeHead)) final_logits(xin, y, m.srow_local + s0, s0, S);
+  MX_CUDA(cudaMemcpy(act_.step_layers, sl.data(), sl.size() * sizeof(sl[0]), cudaMemcpyHostToDevice));
 }
 
-void CudaRunner::forward_decode_step(int t0, int M, int s0, int S, bool one_token_per_seq) {
-  const ModelConfig& c = cfg_;
-  const StepMeta& m = dmeta_;
-  cuda::launch_embed_bf16(embed_, m.tok + t0, xa_, M, c.hidden_size, stream_, dtok_ + t0);
+Forward::~Forward() {
+  if (gemm_) cuda::gemm_context_destroy(gemm_);
+}
+
+void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_token_per_seq) {
+  // The profile and the skipped kinds need the per-op launches.
+  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip) {
+    decode_persistent(st, t0, M, one_token_per_seq);
+    if (S > 0) final_logits(st, cuda::decode_step_output(act_.xa, act_.xb, shape_.layers), act_.ysl,
+                            st.dev->srow_local + s0, s0, S);
+    return;
+  }
+  probe_.reset_op_cursor(stream_);
+  if (probe_.trace) probe_.trace_kind = 2;
+  // One token on the FP8 expert path: the router runs inside the o-proj (bf16_o_proj_router_m1),
+  // whose integer sums start from zero.
+  const DecodeRows r{&st, t0, M, one_token_per_seq, cuda::mxfp4_moe_one_token_fp8(M)};
+  if (r.fused_router)
+    MX_CUDA(cudaMemsetAsync(act_.route_acc, 0, size_t(shape_.layers) * shape_.E * sizeof(long long), stream_));
+  cuda::launch_embed_bf16(model_.embed, st.dev->tok + t0, act_.xa, M, shape_.H, stream_, act_.picked + t0);
+  mark("embed", double(M) * shape_.H * 2);
+  decode_layers(r);
+  const float* x = shape_.layers % 2 ? act_.xb : act_.xa;
+  if (S > 0 && !probe_.skips(kDecodeHead)) final_logits(st, x, act_.ysl, st.dev->srow_local + s0, s0, S);
+}
+
+// The layer loop of the per-op path.
+void Forward::decode_layers(const DecodeRows& r) {
+  float *x = act_.xa, *x_next = act_.xb;
+  const float* y = nullptr;  // the previous layer's expert outputs, added by this layer's norm
+  for (int l = 0; l < shape_.layers; ++l) {
+    qkv_rope_kv(r, l, x, y, x_next);
+    attention(r, l);
+    o_proj(r, l, x_next);
+    reduce_after_attention(l);
+    if (!r.fused_router) router(r, l, x_next);
+    experts(r, l, x_next);
+    reduce_after_experts(l);
+    std::swap(x, x_next);
+    y = act_.ysl;
+  }
+}
+
+void Forward::qkv_rope_kv(const DecodeRows& r, int l, const float* x, const float* y, float* x_next) {
+  const DeviceLayer& L = model_.layers[size_t(l)];
+  const StepMeta& m = *r.st->dev;
+  cuda::QkvRopeKvParams q;
+  q.res = {x, y, x_next};
+  q.norm_w = L.attn_norm; q.eps = model_.cfg.rms_norm_eps; q.w = L.qkv_w; q.bias = L.qkv_b;
+  q.pos = m.pos + r.t0; q.slot = (model_.sliding(l) ? m.slot_sw : m.slot) + r.t0;
+  q.inv_freq = act_.inv_freq; q.concentration = concentration_;
+  q.q_out = act_.qkv; q.kv = kv_.layers[size_t(l)];
+  q.M = r.M; q.H = shape_.H; q.Hq = shape_.Hq; q.Hkv = shape_.Hkv; q.D = shape_.D;
+  q.trace = probe_.op_trace(l);
+  if (r.M == 1 && r.one_token_per_seq && !model_.sliding(l)) {  // the older keys are final: see QkvRopeKvParams
+    q.kv_prefetch = true;
+    q.block_tables = m.bt; q.bt_off = m.bt_off + r.t0;
+  }
+  if (!probe_.skips(kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, stream_);
+  mark("qkv_rope_kv", double(LayerSizes(shape_).qkv_w));
+}
+
+void Forward::attention(const DecodeRows& r, int l) {
+  const DeviceLayer& L = model_.layers[size_t(l)];
+  const StepMeta& m = *r.st->dev;
+  cuda::AttnDecodeParams a;
+  a.q = act_.qkv; a.q_stride = shape_.q_dim(); a.kv = kv_.layers[size_t(l)];
+  a.pos = m.pos + r.t0; a.bt_off = (model_.sliding(l) ? m.bt_off_sw : m.bt_off) + r.t0; a.block_tables = m.bt;
+  a.sinks = L.sinks; a.out = act_.attn;
+  a.partials = act_.attn_part; a.tickets = act_.tickets; a.mma_partials = act_.attn_mma_part;
+  a.M = r.M; a.Hq = shape_.Hq; a.Hkv = shape_.Hkv; a.D = shape_.D;
+  a.window = model_.window(l);
+  a.kv_stable = r.one_token_per_seq;
+  a.heads_per_cta = cuda::attention_decode_heads_per_cta(a.window);
+  a.trace = probe_.op_trace(l);
+  if (!probe_.skips(kDecodeAttention)) {
+    if (mma_attention_ && !a.window && !r.st->attn_long) cuda::attention_decode_mma(a, stream_);
+    else cuda::attention_decode(a, stream_);
+  }
+  if (probe_.profiling) {
+    double kv = 0;
+    for (int i = 0; i < r.M; ++i) {
+      const int pos = r.st->host->pos[r.t0 + i];
+      kv += double(a.window ? std::min(pos + 1, a.window) : pos + 1) * shape_.kv_dim() * 2 * 2;
+    }
+    mark(a.window ? "attention_sliding" : "attention_full", kv);
+  }
+}
+
+void Forward::o_proj(const DecodeRows& r, int l, float* x_next) {
+  const DeviceLayer& L = model_.layers[size_t(l)];
+  const LayerSizes ls(shape_);
+  const cuda::OProjParams op{act_.attn, L.o_w, L.o_b, x_next, r.M, shape_.H, shape_.q_dim(), probe_.op_trace(l)};
+  if (r.fused_router) {
+    if (!probe_.skips(kDecodeOProj))
+      cuda::bf16_o_proj_router_m1(
+          {op, L.mlp_norm, L.router_w, act_.route_acc + size_t(l) * shape_.E, act_.ss_part, shape_.E}, stream_);
+    mark("o_proj_residual_router", double(ls.o_w + ls.router_w));
+  } else {
+    if (!probe_.skips(kDecodeOProj)) cuda::bf16_o_proj_residual(op, stream_);
+    mark("o_proj_residual", double(ls.o_w));
+  }
+}
+
+void Forward::router(const DecodeRows& r, int l, float* x_next) {
+  const DeviceLayer& L = model_.layers[size_t(l)];
+  cuda::RouterParams p;
+  p.res = {x_next, nullptr, nullptr};
+  p.norm_w = L.mlp_norm; p.eps = model_.cfg.rms_norm_eps; p.w = L.router_w; p.bias = L.router_b;
+  p.logits = act_.router; p.xn = act_.xn; p.M = r.M; p.E = shape_.E; p.H = shape_.H;
+  p.trace = probe_.op_trace(l);
+  if (!probe_.skips(kDecodeRouter)) cuda::bf16_router(p, stream_);
+  mark("router", double(LayerSizes(shape_).router_w));
+}
+
+void Forward::experts(const DecodeRows& r, int l, float* x_next) {
+  const DeviceLayer& L = model_.layers[size_t(l)];
+  const ModelConfig& c = model_.cfg;
+  cuda::MoeDecodeParams e;
+  e.router_logits = act_.router;
+  e.router_splits = cuda::kRouterSplits;
+  e.fc1_blocks = L.up_blocks; e.fc1_scales = L.up_scales; e.fc1_bias = L.up_bias;
+  e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
+  e.xn = act_.xn; e.act = act_.act_bf; e.y_slot = act_.ysl;
+  e.M = r.M; e.E = shape_.E; e.H = shape_.H; e.I = shape_.I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
+  if (r.fused_router) {
+    e.route_acc = act_.route_acc + size_t(l) * shape_.E;
+    e.ss_part = act_.ss_part; e.ss_parts = cuda::oproj_router_tiles(shape_.H);
+    e.router_bias = L.router_b; e.norm_w = L.mlp_norm; e.h = x_next; e.eps = c.rms_norm_eps;
+  }
+  e.trace = probe_.op_trace(l);
+  // Bytes each reads, for the profile: the distinct experts expected for M tokens.
+  const LayerSizes ls(shape_);
+  const double touched = expected_distinct_experts(shape_, r.M) / shape_.E;
+  if (!probe_.skips(kDecodeFc1)) cuda::mxfp4_moe_fc1_swiglu(e, stream_);
+  mark("moe_fc1_swiglu", touched * double(ls.up_blocks + ls.up_scales + ls.up_bias));
+  if (!probe_.skips(kDecodeFc2)) cuda::mxfp4_moe_fc2(e, stream_);
+  mark("moe_fc2", touched * double(ls.down_blocks + ls.down_scales + ls.down_bias));
+}
+
+// The whole step in one cooperative kernel (decode_step.h). It has no reduce points between its
+// layers, so a tensor-parallel engine runs the per-op path.
+void Forward::decode_persistent(const StepView& st, int t0, int M, bool one_token_per_seq) {
+  const ModelConfig& c = model_.cfg;
+  const StepMeta& m = *st.dev;
+  cuda::launch_embed_bf16(model_.embed, m.tok + t0, act_.xa, M, shape_.H, stream_, act_.picked + t0);
   cuda::DecodeStepParams p;
-  p.layers = step_layers_; p.num_layers = c.num_layers;
-  p.xa = xa_; p.xb = xb_; p.y_slot = ysl_; p.q = qkv_; p.attn = attn_;
-  p.attn_partials = attn_part_; p.attn_tickets = tickets_;
-  p.router_logits = router_; p.xn = xn_; p.act = act_bf_; p.counters = step_counters_;
+  p.layers = act_.step_layers; p.num_layers = shape_.layers;
+  p.xa = act_.xa; p.xb = act_.xb; p.y_slot = act_.ysl; p.q = act_.qkv; p.attn = act_.attn;
+  p.attn_partials = act_.attn_part; p.attn_tickets = act_.tickets;
+  p.router_logits = act_.router; p.xn = act_.xn; p.act = act_.act_bf; p.counters = act_.step_counters;
   p.pos = m.pos + t0; p.slot = m.slot + t0; p.bt_off = m.bt_off + t0; p.block_tables = m.bt;
   p.slot_sw = m.slot_sw + t0; p.bt_off_sw = m.bt_off_sw + t0;
-  p.inv_freq = inv_freq_; p.concentration = concentration_; p.eps = c.rms_norm_eps;
+  p.inv_freq = act_.inv_freq; p.concentration = concentration_; p.eps = c.rms_norm_eps;
   p.alpha = c.swiglu_alpha; p.limit = c.swiglu_limit;
-  p.M = M; p.H = c.hidden_size; p.I = c.intermediate_size; p.E = c.num_experts;
-  p.Hq = c.num_heads; p.Hkv = c.num_kv_heads; p.D = c.head_dim; p.block_size = opt_.block_size;
+  p.M = M; p.H = shape_.H; p.I = shape_.I; p.E = shape_.E;
+  p.Hq = shape_.Hq; p.Hkv = shape_.Hkv; p.D = shape_.D;
   p.kv_stable = one_token_per_seq;
-  p.trace = step_trace_;
-  if (step_trace_) {
-    step_trace_items_ = cuda::decode_step_items(M, c.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
-    step_trace_kind_ = 0;
+  p.trace = probe_.trace;
+  if (probe_.trace) {
+    probe_.trace_items = cuda::decode_step_items(M, p.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
+    probe_.trace_kind = 0;
   }
   cuda::decode_step(p, stream_);
-  if (S > 0) final_logits(cuda::decode_step_output(xa_, xb_, c.num_layers), ysl_, m.srow_local + s0, s0, S);
 }
 
-// Final norm + lm_head + greedy pick for S rows of the current token block (x [*, H], y_slot).
-void CudaRunner::final_logits(const float* x, const float* y_slot, const int32_t* rows, int s0, int S) {
-  const ModelConfig& c = cfg_;
-  const int H = c.hidden_size, V = c.vocab_size;
-  cuda::final_rmsnorm_bf16({x, y_slot, nullptr}, rows, final_norm_, c.rms_norm_eps, xs_ + size_t(s0) * H, S, H,
-                           stream_);
+// Final norm + lm_head + pick for S rows of the current token block (x [*, H] + y_slot).
+void Forward::final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0,
+                           int S) {
+  const int H = shape_.H, V = shape_.V;
+  cuda::final_rmsnorm_bf16({x, y_slot, nullptr}, rows, model_.final_norm, model_.cfg.rms_norm_eps,
+                           act_.xs + size_t(s0) * H, S, H, stream_);
   mark("final_norm", 0);
-  float* logits = logits_ + size_t(s0) * V;
+  float* logits = act_.logits + size_t(s0) * V;
   if (S <= cuda::kDecodeMaxTokens) {
-    cuda::bf16_lm_head(xs_ + size_t(s0) * H, lm_head_, logits, S, V, H, stream_);
-  } else {  // many rows: one tensor-core GEMM reads the 1.16 GB head once
+    cuda::bf16_lm_head(act_.xs + size_t(s0) * H, model_.lm_head, logits, S, V, H, stream_);
+  } else {  // many rows: one tensor-core GEMM reads the head once
     cuda::GemmBf16Params g;
-    g.x = xs_ + size_t(s0) * H; g.w = lm_head_; g.y = logits; g.M = S; g.N = V; g.K = H; g.y_f32 = true;
+    g.x = act_.xs + size_t(s0) * H; g.w = model_.lm_head; g.y = logits; g.M = S; g.N = V; g.K = H; g.y_f32 = true;
     cuda::gemm_bf16(gemm_, g, stream_);
   }
   mark("lm_head", double(V) * H * 2);
-  cuda::launch_argmax_logprob(logits, S, V, vocab_limit_, reinterpret_cast<int32_t*>(res_cur_) + s0,
-                              res_cur_ + last_sampled_ + s0, argmax_part_, stream_, dmeta_.inv_temp + s0,
-                              dmeta_.sample_key + s0, dtok_ + s0);
+  cuda::launch_argmax_logprob(logits, S, V, opt_.vocab_limit, reinterpret_cast<int32_t*>(st.results) + s0,
+                              st.results + st.num_sampled + s0, act_.argmax_part, stream_, st.dev->inv_temp + s0,
+                              st.dev->sample_key + s0, act_.picked + s0);
   mark("argmax", double(S) * V * 4);
 }
 

@@ -1,10 +1,9 @@
-// CUDA runner: step(): the step's metadata (one pinned block, one copy), its launch (small decode steps
-// as captured graphs), its results, and decode ahead (runner_impl.h, DecodeAhead).
+// The step executor (runner.h): the step's metadata (one pinned block, one copy), its launch (small
+// decode steps as captured graphs), its results, and decode ahead.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <span>
 #include <vector>
 
@@ -12,7 +11,7 @@
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
-#include "kernels/engine/runner_impl.h"
+#include "kernels/engine/runner.h"
 #include "kernels/sampling/sample_filtered.h"
 #include "model/sampler.h"
 
@@ -40,7 +39,7 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
   const StepPlan* pl = nullptr;
   if (ahead_.active && ahead_matches(seqs)) {
     pl = &plans_[ahead_.parity];  // already on the GPU
-    ++ahead_.used;
+    ++ahead_.stats.used;
   } else {
     // A decode-ahead step that was not asked for finishes unread: the stream orders it before this one.
     StepPlan& p = plan_step(seqs, parity_ ^ 1, false);
@@ -63,25 +62,25 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   pl.filters = pl.need_logits = pl.graph = pl.attn_long = false;
   pl.sample_seq.clear();
   pl.layout.clear();
-  const StepMeta& h = hmeta_buf_[parity];
+  const StepMeta& h = hmeta_[parity];
   int M = 0, S = 0, nbt = 0, n_decode = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
     const int n = int(q.tokens.size());
     if (n == 0) continue;
-    if (M + n > T_) fail("step has more than max_tokens_per_step={} tokens", T_);
-    if (S >= S_ && q.sample) fail("step samples more than max_num_seqs={} sequences", S_);
+    if (M + n > plan_.T) fail("step has more than max_tokens_per_step={} tokens", plan_.T);
+    if (S >= plan_.S && q.sample) fail("step samples more than max_num_seqs={} sequences", plan_.S);
     if (q.start_pos < 0 || q.start_pos + n > opt_.max_model_len)
       fail("sequence {} positions [{}, {}) exceed max_model_len {}", q.seq_id, q.start_pos, q.start_pos + n,
            opt_.max_model_len);
     const int need = (q.start_pos + n + opt_.block_size - 1) / opt_.block_size;
-    const bool sw = sliding_window_ > 0;
-    if (nbt + need * (sw ? 2 : 1) > bt_cap_) fail("step block tables exceed {} entries", bt_cap_);
+    const bool sw = kv_.sliding_window > 0;
+    if (nbt + need * (sw ? 2 : 1) > plan_.bt_cap) fail("step block tables exceed {} entries", plan_.bt_cap);
     if (int(q.block_table.size()) < need)
       fail("sequence {} block table covers {} blocks, needs {}", q.seq_id, q.block_table.size(), need);
     for (int b = 0; b < need; ++b)
-      if (q.block_table[b] < 0 || q.block_table[b] >= num_blocks_)
-        fail("block id {} out of range [0, {})", q.block_table[b], num_blocks_);
+      if (q.block_table[b] < 0 || q.block_table[b] >= kv_.num_blocks)
+        fail("block id {} out of range [0, {})", q.block_table[b], kv_.num_blocks);
     std::memcpy(h.bt + nbt, q.block_table.data(), size_t(need) * 4);
     const int bt_sw = sw ? nbt + need : nbt;
     if (sw) {
@@ -91,8 +90,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
       const int first = sliding_first_block(kv_shape(), q.start_pos);
       for (int b = 0; b < need; ++b) {
         const int32_t v = q.sliding_table[b];
-        if (b >= first && (v < 0 || v >= num_blocks_))
-          fail("sliding block id {} out of range [0, {})", v, num_blocks_);
+        if (b >= first && (v < 0 || v >= kv_.num_blocks))
+          fail("sliding block id {} out of range [0, {})", v, kv_.num_blocks);
         h.bt[bt_sw + b] = b >= first ? v : 0;
       }
     }
@@ -136,37 +135,41 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   for (int i : pl.sample_seq) pl.need_logits |= host_samples(seqs[size_t(i)].sampling);
   bool identity = S == M;
   for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
-  pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && use_graphs_ && !profiling_;
+  pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && opt_.use_graphs && !probe_.profiling;
   return pl;
+}
+
+StepView CudaRunner::view(const StepPlan& pl) const {
+  StepView v;
+  v.dev = &dmeta_[pl.parity];
+  v.host = &hmeta_[pl.parity];
+  v.results = res_dev_ + size_t(pl.parity) * 2 * plan_.S;
+  v.num_sampled = pl.S;
+  v.attn_long = pl.attn_long;
+  return v;
 }
 
 void CudaRunner::enqueue_step(const StepPlan& pl) {
   const int M = pl.M, S = pl.S;
-  // The forward reads these members: the step's buffers, slots, graph class and sampled rows.
   parity_ = pl.parity;
-  hmeta_ = hmeta_buf_[pl.parity];
-  attn_long_ = pl.attn_long;
-  last_sampled_ = S;
-  res_cur_ = res_dev_ + size_t(pl.parity) * 2 * S_;
   if (M > 0) {
-    const StepMeta& h = hmeta_buf_[pl.parity];
+    const StepMeta& h = hmeta_[pl.parity];
+    const StepMeta& d = dmeta_[pl.parity];
+    const StepView st = view(pl);
     // Metadata arrays sit at fixed offsets; the block tables follow. One copy, into this parity's device
     // buffer once the last step that read it has finished, on the copy stream: the step waits for the
     // copy, not for a copy queued behind the step before it.
-    dmeta_ = dmeta_buf_[pl.parity];
     MX_CUDA(cudaStreamWaitEvent(copy_stream_, done_[pl.parity], 0));
-    MX_CUDA(cudaMemcpyAsync(dmeta_.tok, h.tok, size_t(meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice, copy_stream_));
+    MX_CUDA(cudaMemcpyAsync(d.tok, h.tok, size_t(plan_.meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice,
+                            copy_stream_));
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
-    if (profiling_) {
-      marks_.clear();
-      MX_CUDA(cudaEventRecord(events_[0], stream_));
-    }
-    const bool decode_path = M < opt_.prefill_min_tokens || M <= cuda::kDecodeMaxTokens || !prefill_path_supported();
-    if (!decode_path && pl.n_decode > attn_rows_)
-      fail("step has {} single-token rows, more than max_num_seqs={} allows", pl.n_decode, S_);
+    probe_.begin_step(stream_);
+    const bool decode_path = M < opt_.prefill_min_tokens || M <= cuda::kDecodeMaxTokens || cfg_.head_dim != 64;
+    if (!decode_path && pl.n_decode > plan_.attn_rows)
+      fail("step has {} single-token rows, more than max_num_seqs={} allows", pl.n_decode, plan_.S);
     if (pl.graph) {
-      run_decode_graph(M);
+      run_decode_graph(pl);
     } else if (decode_path) {
       // Chunks of 8 tokens in step order: a sequence's tokens stay in position order, so a chunk
       // sees the KV of the chunks before it.
@@ -175,46 +178,35 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
         const int m = std::min(cuda::kDecodeMaxTokens, M - t0);
         int s1 = s;
         while (s1 < S && h.srow[s1] < t0 + m) ++s1;
-        forward_decode(t0, m, s, s1 - s);
+        forward_->decode(st, t0, m, s, s1 - s, false);
         s = s1;
       }
     } else {
-      forward_prefill(M, S, pl.layout, pl.n_decode);
+      forward_->prefill(st, M, S, pl.layout, pl.n_decode);
     }
     MX_CUDA(cudaGetLastError());
     if (pl.filters) {  // outside the decode graphs: steps without filters pay nothing
       cuda::SampleFilterParams f;
-      f.logits = logits_; f.stride = cfg_.vocab_size; f.V = vocab_limit_; f.S = S;
-      f.inv_temp = dmeta_.inv_temp; f.keys = dmeta_.sample_key; f.top_k = dmeta_.top_k; f.top_p = dmeta_.top_p;
-      f.min_p = dmeta_.min_p; f.tok = reinterpret_cast<int32_t*>(res_cur_); f.logprob = res_cur_ + S;
+      f.logits = act_.logits; f.stride = cfg_.vocab_size; f.V = vocab_limit_; f.S = S;
+      f.inv_temp = d.inv_temp; f.keys = d.sample_key; f.top_k = d.top_k; f.top_p = d.top_p;
+      f.min_p = d.min_p; f.tok = reinterpret_cast<int32_t*>(st.results); f.logprob = st.results + S;
       cuda::sample_filtered(f, stream_);
     }
     if (S > 0 && pl.need_logits)
-      MX_CUDA(cudaMemcpyAsync(host_logits_, logits_, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost, stream_));
+      MX_CUDA(cudaMemcpyAsync(host_logits_, act_.logits, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost,
+                              stream_));
   }
   MX_CUDA(cudaEventRecord(done_[pl.parity], stream_));
 }
 
 void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out) {
   MX_CUDA(cudaEventSynchronize(done_[pl.parity]));
+  last_sampled_ = pl.S;
   if (pl.M == 0) return;
-  if (profiling_) {
-    std::map<std::string, KernelProfile> agg;
-    for (size_t i = 0; i < marks_.size(); ++i) {
-      float ms = 0;
-      MX_CUDA(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
-      KernelProfile& k = agg[marks_[i].first];
-      k.name = marks_[i].first;
-      k.ms += ms;
-      k.bytes += marks_[i].second;
-      ++k.calls;
-    }
-    profile_.clear();
-    for (auto& [name, k] : agg) profile_.push_back(k);
-  }
+  if (probe_.profiling) probe_.profile = probe_.collect();
   const int S = pl.S;
-  const int32_t* rtok = reinterpret_cast<const int32_t*>(host_res_) + size_t(pl.parity) * 2 * S_;
-  const float* rlp = reinterpret_cast<const float*>(host_res_) + size_t(pl.parity) * 2 * S_ + S;
+  const int32_t* rtok = reinterpret_cast<const int32_t*>(host_res_) + size_t(pl.parity) * 2 * plan_.S;
+  const float* rlp = reinterpret_cast<const float*>(host_res_) + size_t(pl.parity) * 2 * plan_.S + S;
   jobs_.clear();
   for (int s = 0; s < S; ++s) {
     const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
@@ -246,7 +238,7 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
     const size_t need = size_t(a.start_pos / bs + 1);
     if (q.block_table.size() < need || !std::equal(a.block_table.begin(), a.block_table.begin() + need, q.block_table.begin()))
       return false;
-    if (sliding_window_ > 0) {
+    if (kv_.sliding_window > 0) {
       const size_t first = size_t(sliding_first_block(kv_shape(), a.start_pos));
       if (q.sliding_table.size() < need ||
           !std::equal(a.sliding_table.begin() + first, a.sliding_table.begin() + need, q.sliding_table.begin() + first))
@@ -260,15 +252,15 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
 // without the host: a graph step whose picks are the GPU's own (no filters, no host sampling, no logits
 // copy), with the next position's blocks already in the tables.
 void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl) {
-  if (!opt_.decode_ahead || !pl.graph || pl.filters || pl.need_logits || profiling_ || skip_ || step_trace_) return;
+  if (!opt_.decode_ahead || !pl.graph || pl.filters || pl.need_logits || probe_.active()) return;
   if (pl.S != int(seqs.size())) return;
   const int bs = opt_.block_size;
   for (const SeqStep& q : seqs) {
     const int next = q.start_pos + 1, b = next / bs;
     if (!q.expect_next || !q.sample || q.tokens.size() != 1 || next >= opt_.max_model_len) return;
-    if (int(q.block_table.size()) <= b || q.block_table[b] < 0 || q.block_table[b] >= num_blocks_) return;
-    if (sliding_window_ > 0 &&
-        (int(q.sliding_table.size()) <= b || q.sliding_table[b] < 0 || q.sliding_table[b] >= num_blocks_))
+    if (int(q.block_table.size()) <= b || q.block_table[b] < 0 || q.block_table[b] >= kv_.num_blocks) return;
+    if (kv_.sliding_window > 0 &&
+        (int(q.sliding_table.size()) <= b || q.sliding_table[b] < 0 || q.sliding_table[b] >= kv_.num_blocks))
       return;
   }
   const size_t n = seqs.size();
@@ -293,49 +285,20 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
   enqueue_step(next);
   ahead_.active = true;
   ahead_.parity = next.parity;
-  ++ahead_.launched;
+  ++ahead_.stats.launched;
 }
 
-void CudaRunner::set_decode_skip(uint32_t mask) {
-  if (mask == skip_) return;
-  skip_ = mask;
-  ahead_.active = false;
-  for (auto& g : graphs_)  // captured with the old mask
-    if (g) {
-      MX_CUDA(cudaGraphExecDestroy(g));
-      g = nullptr;
-    }
-}
-
-
-void CudaRunner::run_decode_graph(int M) {
-  cudaGraphExec_t& exec = graphs_[graph_slot(M)];
+void CudaRunner::run_decode_graph(const StepPlan& pl) {
+  cudaGraphExec_t& exec = graphs_.at({pl.M, pl.attn_long, pl.parity});
   if (!exec) {
     cudaGraph_t g = nullptr;
     MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    forward_decode(0, M, 0, M, true);  // every token sampled: each is its sequence's last (and only) one
+    forward_->decode(view(pl), 0, pl.M, 0, pl.M, true);  // every token sampled: each is its sequence's only one
     MX_CUDA(cudaStreamEndCapture(stream_, &g));
     MX_CUDA(cudaGraphInstantiate(&exec, g, 0));
     MX_CUDA(cudaGraphDestroy(g));
   }
   MX_CUDA(cudaGraphLaunch(exec, stream_));
-}
-
-double CudaRunner::replay_decode_graph_ms(int M, int n) {
-  if (M < 1 || M > cuda::kDecodeMaxTokens || !graphs_[graph_slot(M)]) fail("no decode graph for {} tokens yet", M);
-  ahead_.active = false;  // the replays reuse its result slots
-  cudaEvent_t a, b;
-  MX_CUDA(cudaEventCreate(&a));
-  MX_CUDA(cudaEventCreate(&b));
-  MX_CUDA(cudaEventRecord(a, stream_));
-  for (int i = 0; i < n; ++i) MX_CUDA(cudaGraphLaunch(graphs_[graph_slot(M)], stream_));
-  MX_CUDA(cudaEventRecord(b, stream_));
-  MX_CUDA(cudaEventSynchronize(b));
-  float ms = 0;
-  MX_CUDA(cudaEventElapsedTime(&ms, a, b));
-  MX_CUDA(cudaEventDestroy(a));
-  MX_CUDA(cudaEventDestroy(b));
-  return double(ms) / n;
 }
 
 }  // namespace mx

@@ -55,21 +55,21 @@ std::vector<float> run_case(const Case& c, std::vector<float>* ref_out) {
         std::fill_n(v.begin() + long(row * Hkv * D), Hkv * D, uint16_t(0x7fc0));
       }
   AttnPrefillParams p;
-  p.q = q.data(); p.q_stride = qs; p.k_cache = k.data(); p.v_cache = v.data(); p.block_table = bt.data();
-  p.sinks = sinks.data(); p.T = c.T; p.start = c.start; p.Hq = Hq; p.Hkv = Hkv; p.block_size = c.block_size;
+  p.q = q.data(); p.q_stride = qs; p.kv.k = k.data(); p.kv.v = v.data(); p.block_table = bt.data();
+  p.sinks = sinks.data(); p.T = c.T; p.start = c.start; p.Hq = Hq; p.Hkv = Hkv; p.kv.block_size = c.block_size;
   p.window = c.window;
   if (ref_out) { ref_out->assign(size_t(c.T) * Hq * D, 0.f); attention_prefill_ref(p, ref_out->data()); }
   uint16_t* dout = nullptr;
   cudaMalloc(&dout, size_t(c.T) * Hq * D * 2);
   cudaMemset(dout, 0xff, size_t(c.T) * Hq * D * 2);
   AttnPrefillParams d = p;
-  d.q = to_dev(q); d.k_cache = to_dev(k); d.v_cache = to_dev(v); d.block_table = to_dev(bt); d.sinks = to_dev(sinks);
+  d.q = to_dev(q); d.kv.k = to_dev(k); d.kv.v = to_dev(v); d.block_table = to_dev(bt); d.sinks = to_dev(sinks);
   d.out = dout;
   attention_prefill_bf16(d, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint16_t> h(size_t(c.T) * Hq * D);
   cudaMemcpy(h.data(), dout, h.size() * 2, cudaMemcpyDeviceToHost);
-  cudaFree((void*)d.q); cudaFree((void*)d.k_cache); cudaFree((void*)d.v_cache); cudaFree((void*)d.block_table);
+  cudaFree((void*)d.q); cudaFree(d.kv.k); cudaFree(d.kv.v); cudaFree((void*)d.block_table);
   cudaFree((void*)d.sinks); cudaFree(dout);
   std::vector<float> got(h.size());
   for (size_t i = 0; i < h.size(); ++i) got[i] = bf16_to_f32(h[i]);

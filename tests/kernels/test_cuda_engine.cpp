@@ -195,8 +195,8 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   opt.keep_logits = true;
   opt.prefill_min_tokens = prefill_min_tokens;
   opt.flash_prefill_attention = flash;
+  opt.use_graphs = graphs;
   auto gpu = mx::make_cuda_runner(opt);
-  gpu->set_use_graphs(graphs);
 
   std::vector<std::vector<int32_t>> toks(nseq, std::vector<int32_t>(N));
   std::mt19937 rng(11);
@@ -314,8 +314,8 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   opt.block_size = bs;
   opt.keep_logits = true;
   opt.decode_step_min_tokens = path == DecodePath::kPersistent ? 1 : 9;
+  opt.use_graphs = graphs;
   auto gpu = mx::make_cuda_runner(opt);
-  gpu->set_use_graphs(graphs);
   std::vector<float> all;
   std::vector<std::vector<int32_t>> bt(nseq);
   for (int s = 0; s < nseq; ++s)
@@ -511,8 +511,8 @@ AheadRun decode_ahead_run(bool ahead, int scenario) {
       r.lp.push_back(out[s].logprob);
     }
   }
-  r.used = gpu->decode_ahead_used();
-  r.launched = gpu->decode_ahead_launched();
+  r.used = gpu->decode_ahead_stats().used;
+  r.launched = gpu->decode_ahead_stats().launched;
   return r;
 }
 }  // namespace

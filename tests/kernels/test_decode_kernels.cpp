@@ -94,11 +94,11 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
   cuda::QkvRopeKvParams p;
   p.res = {dx.p, with_y ? dy.p : nullptr, dxo.p};
   p.norm_w = dg.p; p.eps = eps; p.w = dW.p; p.bias = db.p; p.pos = dpos.p; p.slot = dslot.p; p.inv_freq = dinv.p;
-  p.concentration = 1.25f; p.q_out = dq.p; p.k_cache = dk.p; p.v_cache = dv.p;
+  p.concentration = 1.25f; p.q_out = dq.p; p.kv.k = dk.p; p.kv.v = dv.p;
   p.M = M; p.H = H; p.Hq = Hq; p.Hkv = Hkv; p.D = D;
   if (prefetch) {
     p.kv_prefetch = true;
-    p.block_tables = dbt.p; p.bt_off = dbo.p; p.block_size = 16;
+    p.block_tables = dbt.p; p.bt_off = dbo.p; p.kv.block_size = 16;
   }
   cuda::bf16_qkv_rope_kv(p, 0);
   auto q = dq.get(); auto kc = dk.get(); auto vc = dv.get(); auto xo = dxo.get();
@@ -425,10 +425,10 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
                  (kv_stable ? ", kv_stable" : ""));
     dout.poison();
     cuda::AttnDecodeParams p;
-    p.q = dq.p; p.q_stride = Hq * D; p.k_cache = dk.p; p.v_cache = dv.p; p.pos = dpos.p; p.bt_off = dbo.p;
+    p.q = dq.p; p.q_stride = Hq * D; p.kv.k = dk.p; p.kv.v = dv.p; p.pos = dpos.p; p.bt_off = dbo.p;
     p.block_tables = dbt.p; p.sinks = ds.p; p.out = dout.p; p.partials = dpart.p; p.tickets = dtk.p;
     p.mma_partials = dmma.p;
-    p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.block_size = bs; p.window = window; p.heads_per_cta = heads;
+    p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.kv.block_size = bs; p.window = window; p.heads_per_cta = heads;
     p.kv_stable = kv_stable;
     if (mma) cuda::attention_decode_mma(p, 0);
     else cuda::attention_decode(p, 0);

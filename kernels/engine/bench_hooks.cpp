@@ -1,0 +1,68 @@
+#include "kernels/engine/bench_hooks.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/decode/decode_step.h"
+#include "kernels/engine/runner.h"
+
+namespace mx {
+namespace {
+// Per-op step trace capacity: a one-token layer launches ~1,540 CTAs; later records are dropped.
+constexpr size_t kOpTraceCtasPerLayer = 4096;
+}  // namespace
+
+CudaBenchHooks::CudaBenchHooks(CudaRunnerBase& runner) : r_(static_cast<CudaRunner&>(runner)) {}
+
+void CudaBenchHooks::changed() {
+  r_.ahead_.active = false;
+  r_.graphs_.clear();  // captured with the old settings
+}
+
+void CudaBenchHooks::set_profiling(bool on) {
+  r_.probe_.profiling = on;
+  r_.ahead_.active = false;
+}
+
+std::vector<KernelProfile> CudaBenchHooks::last_profile() const { return r_.probe_.profile; }
+
+void CudaBenchHooks::set_decode_skip(uint32_t mask) {
+  if (mask == r_.probe_.skip) return;
+  r_.probe_.skip = mask;
+  changed();
+}
+
+void CudaBenchHooks::set_step_trace(bool on) {
+  if (on == (r_.probe_.trace != nullptr)) return;
+  const DeviceShape& s = r_.model_.shape;
+  const size_t items = cuda::decode_step_items(cuda::kDecodeMaxTokens, s.layers, s.H, s.I, s.E, s.Hq, s.Hkv, s.D);
+  r_.probe_.set_trace(on, std::max(items * 4, size_t(s.layers) * kOpTraceCtasPerLayer * 4));
+  changed();
+}
+
+std::vector<uint64_t> CudaBenchHooks::last_step_trace() const { return r_.probe_.read_trace(); }
+
+int CudaBenchHooks::last_step_trace_kind() const { return r_.probe_.trace_kind; }
+
+double CudaBenchHooks::replay_decode_graph_ms(int M, int n) {
+  const StepPlan& pl = r_.plans_[r_.parity_];
+  if (M < 1 || M > cuda::kDecodeMaxTokens || pl.M != M || !pl.graph || !r_.graphs_.at({M, pl.attn_long, pl.parity}))
+    fail("no decode graph for the last step of {} tokens", M);
+  r_.ahead_.active = false;  // the replays reuse its result slots
+  cudaGraphExec_t g = r_.graphs_.at({M, pl.attn_long, pl.parity});
+  cudaEvent_t a, b;
+  MX_CUDA(cudaEventCreate(&a));
+  MX_CUDA(cudaEventCreate(&b));
+  MX_CUDA(cudaEventRecord(a, r_.stream_));
+  for (int i = 0; i < n; ++i) MX_CUDA(cudaGraphLaunch(g, r_.stream_));
+  MX_CUDA(cudaEventRecord(b, r_.stream_));
+  MX_CUDA(cudaEventSynchronize(b));
+  float ms = 0;
+  MX_CUDA(cudaEventElapsedTime(&ms, a, b));
+  MX_CUDA(cudaEventDestroy(a));
+  MX_CUDA(cudaEventDestroy(b));
+  return double(ms) / n;
+}
+
+}  // namespace mx

@@ -1,0 +1,187 @@
+// The weights arena: layout, dummy fill, checkpoint upload, scale check.
+#include "kernels/engine/device_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/decode/decode_gemv.h"
+#include "kernels/decode/decode_kernels.h"
+#include "model/weights.h"
+
+namespace mx {
+namespace {
+size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+}  // namespace
+
+DeviceShape DeviceShape::of(const ModelConfig& c) {
+  DeviceShape s;
+  s.layers = c.num_layers; s.H = c.hidden_size; s.V = c.vocab_size;
+  s.Hq = c.num_heads; s.Hkv = c.num_kv_heads; s.D = c.head_dim;
+  s.E = c.num_experts; s.I = c.intermediate_size; s.top_k = c.experts_per_token;
+  return s;
+}
+
+LayerSizes::LayerSizes(const DeviceShape& s) {
+  const size_t H = s.H, E = s.E, I = s.I;
+  attn_norm = mlp_norm = H * 2;
+  qkv_w = size_t(s.qkv_dim()) * H * 2;
+  qkv_b = size_t(s.qkv_dim()) * 2;
+  o_w = H * s.q_dim() * 2;
+  o_b = H * 2;
+  sinks = size_t(s.Hq) * 2;
+  router_w = E * H * 2;
+  router_b = E * 2;
+  up_blocks = E * 2 * I * H / 2;
+  up_scales = E * 2 * I * H / 32;
+  up_bias = E * 2 * I * 2;
+  down_blocks = E * H * I / 2;
+  down_scales = E * H * I / 32;
+  down_bias = E * H * 2;
+}
+size_t LayerSizes::total() const {
+  size_t t = 0;
+  for (size_t s : {attn_norm, qkv_w, qkv_b, o_w, o_b, sinks, mlp_norm, router_w, router_b, up_blocks, up_scales,
+                   up_bias, down_blocks, down_scales, down_bias})
+    t += align256(s);
+  return t;
+}
+size_t LayerSizes::expert_bytes() const {
+  return up_blocks + up_scales + up_bias + down_blocks + down_scales + down_bias;
+}
+
+double expected_distinct_experts(const DeviceShape& s, int M) {
+  const double E = s.E;
+  return E * (1.0 - std::pow(1.0 - double(s.top_k) / E, M));
+}
+
+double decode_weight_bytes(const DeviceShape& s, int M) {
+  const LayerSizes ls(s);
+  const double expert = double(ls.expert_bytes()) / s.E;
+  const double dense = double(ls.total()) - double(ls.expert_bytes());
+  return s.layers * (dense + expected_distinct_experts(s, M) * expert) + double(s.V) * s.H * 2 +
+         double(s.H) * 2 * M;
+}
+
+DeviceModel::DeviceModel(const ModelConfig& c) : cfg(c), shape(DeviceShape::of(c)) {}
+
+size_t DeviceModel::arena_bytes() const {
+  const size_t V = shape.V, H = shape.H;
+  return align256(V * H * 2) * 2 + align256(H * 2) + LayerSizes(shape).total() * shape.layers;
+}
+
+void DeviceModel::bind(uint8_t* arena) {
+  const size_t V = shape.V, H = shape.H;
+  const LayerSizes ls(shape);
+  uint8_t* w = arena;
+  auto take = [&](size_t n) { uint8_t* p = w; w += align256(n); return p; };
+  auto t16 = [&](size_t n) { return reinterpret_cast<uint16_t*>(take(n)); };
+  embed = t16(V * H * 2);
+  lm_head = t16(V * H * 2);
+  final_norm = t16(H * 2);
+  layers.resize(size_t(shape.layers));
+  for (DeviceLayer& d : layers) {
+    d.attn_norm = t16(ls.attn_norm); d.qkv_w = t16(ls.qkv_w); d.qkv_b = t16(ls.qkv_b); d.o_w = t16(ls.o_w);
+    d.o_b = t16(ls.o_b); d.sinks = t16(ls.sinks); d.mlp_norm = t16(ls.mlp_norm); d.router_w = t16(ls.router_w);
+    d.router_b = t16(ls.router_b); d.up_blocks = take(ls.up_blocks); d.up_scales = take(ls.up_scales);
+    d.up_bias = t16(ls.up_bias); d.down_blocks = take(ls.down_blocks); d.down_scales = take(ls.down_scales);
+    d.down_bias = t16(ls.down_bias);
+  }
+}
+
+void DeviceModel::fill_dummy(uint64_t seed0, cudaStream_t s) {
+  const size_t H = shape.H, V = shape.V;
+  uint64_t seed = seed0 * 1000003;
+  auto bf = [&](uint16_t* p, size_t n, float sc, float off = 0.f) { cuda::launch_fill_random_bf16(p, n, sc, off, ++seed, s); };
+  bf(embed, V * H, 1.0f);
+  bf(lm_head, V * H, 0.05f);
+  bf(final_norm, H, 0.1f, 1.0f);
+  const LayerSizes ls(shape);
+  for (auto& d : layers) {
+    bf(d.attn_norm, H, 0.1f, 1.0f); bf(d.mlp_norm, H, 0.1f, 1.0f);
+    bf(d.qkv_w, ls.qkv_w / 2, 0.03f); bf(d.qkv_b, ls.qkv_b / 2, 0.1f);
+    bf(d.o_w, ls.o_w / 2, 0.03f); bf(d.o_b, H, 0.1f); bf(d.sinks, size_t(shape.Hq), 1.0f);
+    bf(d.router_w, ls.router_w / 2, 0.05f); bf(d.router_b, size_t(shape.E), 0.1f);
+    cuda::launch_fill_random_u8(d.up_blocks, ls.up_blocks, 0, 0, ++seed, s);
+    cuda::launch_fill_random_u8(d.up_scales, ls.up_scales, 118, 4, ++seed, s);
+    bf(d.up_bias, ls.up_bias / 2, 0.1f);
+    cuda::launch_fill_random_u8(d.down_blocks, ls.down_blocks, 0, 0, ++seed, s);
+    cuda::launch_fill_random_u8(d.down_scales, ls.down_scales, 118, 4, ++seed, s);
+    bf(d.down_bias, ls.down_bias / 2, 0.1f);
+  }
+  MX_CUDA(cudaStreamSynchronize(s));
+}
+
+size_t DeviceModel::upload(const ModelWeights& w, cudaStream_t s) {
+  constexpr size_t kStage = 64ull << 20;
+  uint8_t* stage[2];
+  cudaEvent_t ev[2];
+  for (int i = 0; i < 2; ++i) {
+    MX_CUDA(cudaMallocHost(&stage[i], kStage));
+    MX_CUDA(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
+    MX_CUDA(cudaEventRecord(ev[i], s));
+  }
+  int cur = 0;
+  size_t total = 0;
+  // The memcpy into one staging buffer overlaps the DMA out of the other.
+  auto put = [&](void* dst, const void* src, size_t n) {
+    const uint8_t* from = static_cast<const uint8_t*>(src);
+    uint8_t* to = static_cast<uint8_t*>(dst);
+    for (size_t off = 0; off < n; off += kStage) {
+      const size_t len = std::min(kStage, n - off);
+      MX_CUDA(cudaEventSynchronize(ev[cur]));
+      std::memcpy(stage[cur], from + off, len);
+      MX_CUDA(cudaMemcpyAsync(to + off, stage[cur], len, cudaMemcpyHostToDevice, s));
+      MX_CUDA(cudaEventRecord(ev[cur], s));
+      cur ^= 1;
+    }
+    total += n;
+  };
+  const size_t H = shape.H, V = shape.V;
+  const LayerSizes ls(shape);
+  put(embed, w.embed, V * H * 2);
+  put(lm_head, w.lm_head, V * H * 2);
+  put(final_norm, w.final_norm, H * 2);
+  for (int l = 0; l < shape.layers; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    DeviceLayer& d = layers[size_t(l)];
+    const size_t qr = size_t(shape.q_dim()), kr = size_t(shape.kv_dim());
+    put(d.attn_norm, L.attn_norm, ls.attn_norm);
+    put(d.qkv_w, L.q_w, qr * H * 2);
+    put(d.qkv_w + qr * H, L.k_w, kr * H * 2);
+    put(d.qkv_w + (qr + kr) * H, L.v_w, kr * H * 2);
+    put(d.qkv_b, L.q_b, qr * 2);
+    put(d.qkv_b + qr, L.k_b, kr * 2);
+    put(d.qkv_b + qr + kr, L.v_b, kr * 2);
+    put(d.o_w, L.o_w, ls.o_w); put(d.o_b, L.o_b, ls.o_b); put(d.sinks, L.sinks, ls.sinks);
+    put(d.mlp_norm, L.mlp_norm, ls.mlp_norm); put(d.router_w, L.router_w, ls.router_w);
+    put(d.router_b, L.router_b, ls.router_b);
+    put(d.up_blocks, L.gate_up_blocks, ls.up_blocks); put(d.up_scales, L.gate_up_scales, ls.up_scales);
+    put(d.up_bias, L.gate_up_bias, ls.up_bias);
+    put(d.down_blocks, L.down_blocks, ls.down_blocks); put(d.down_scales, L.down_scales, ls.down_scales);
+    put(d.down_bias, L.down_bias, ls.down_bias);
+  }
+  MX_CUDA(cudaStreamSynchronize(s));
+  for (int i = 0; i < 2; ++i) {
+    cudaEventDestroy(ev[i]);
+    cudaFreeHost(stage[i]);
+  }
+  return total;
+}
+
+void DeviceModel::check_scales(unsigned long long* bad, cudaStream_t s) const {
+  MX_CUDA(cudaMemsetAsync(bad, 0, 8, s));
+  const LayerSizes ls(shape);
+  for (const auto& d : layers) {
+    cuda::mxfp4_count_bad_scales(d.up_scales, ls.up_scales, bad, s);
+    cuda::mxfp4_count_bad_scales(d.down_scales, ls.down_scales, bad, s);
+  }
+  unsigned long long n = 0;
+  MX_CUDA(cudaMemcpyAsync(&n, bad, 8, cudaMemcpyDeviceToHost, s));
+  MX_CUDA(cudaStreamSynchronize(s));
+  if (n) fail("checkpoint has {} MXFP4 expert scales above 2^1 (E8M0 > 128); the CUDA engine does not support them", n);
+}
+
+}  // namespace mx

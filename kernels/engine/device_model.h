@@ -1,0 +1,72 @@
+// The model's weights on one GPU: the shapes the kernels see, one arena laid out layer by layer, and
+// how it is filled (a checkpoint's tensors through pinned staging, or dummy weights made on the GPU).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+
+namespace mx {
+
+struct ModelWeights;
+
+// The dimensions the kernels see. On one GPU they are the model's; a tensor-parallel shard holds a
+// slice of the heads and of the experts, so the forward takes its sizes from here, never from
+// ModelConfig.
+struct DeviceShape {
+  int layers = 0, H = 0, V = 0;  // layers, hidden size, vocabulary
+  int Hq = 0, Hkv = 0, D = 0;    // query heads, KV heads, head dim
+  int E = 0, I = 0, top_k = 0;   // experts, intermediate size, experts per token
+  int q_dim() const { return Hq * D; }
+  int kv_dim() const { return Hkv * D; }
+  int qkv_dim() const { return (Hq + 2 * Hkv) * D; }
+  static DeviceShape of(const ModelConfig& c);
+};
+
+// One layer's weights (device pointers into the arena). q, k and v are one matrix, concatenated by
+// rows, so one GEMV reads the three projections.
+struct DeviceLayer {
+  uint16_t *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
+  uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
+  uint16_t *up_bias, *down_bias;
+};
+
+// Byte sizes of every tensor of one layer, in arena order.
+struct LayerSizes {
+  size_t attn_norm, qkv_w, qkv_b, o_w, o_b, sinks, mlp_norm, router_w, router_b, up_blocks, up_scales, up_bias,
+      down_blocks, down_scales, down_bias;
+  explicit LayerSizes(const DeviceShape& s);
+  size_t total() const;         // with each tensor's 256-byte alignment
+  size_t expert_bytes() const;  // all experts, fc1 + fc2 (blocks, scales, bias)
+};
+
+// Distinct experts M tokens touch on average with uniform routing, and the weight bytes one decode
+// step of M tokens reads with it (dense + those experts + lm_head + embedding rows).
+double expected_distinct_experts(const DeviceShape& s, int M);
+double decode_weight_bytes(const DeviceShape& s, int M);
+
+class DeviceModel {
+ public:
+  explicit DeviceModel(const ModelConfig& cfg);
+  size_t arena_bytes() const;
+  // Lays the tensors out in `arena` (arena_bytes() of device memory).
+  void bind(uint8_t* arena);
+  void fill_dummy(uint64_t seed, cudaStream_t s);
+  // Host -> device through two pinned staging buffers; returns the bytes copied.
+  size_t upload(const ModelWeights& w, cudaStream_t s);
+  // The decode kernels fold the E8M0 scale into one bf16 multiply, which covers scales up to 2^1:
+  // fails on a checkpoint with larger ones. scratch: 8 bytes of device memory.
+  void check_scales(unsigned long long* scratch, cudaStream_t s) const;
+
+  const ModelConfig& cfg;
+  DeviceShape shape;
+  uint16_t *embed = nullptr, *lm_head = nullptr, *final_norm = nullptr;
+  std::vector<DeviceLayer> layers;
+  bool sliding(int layer) const { return cfg.sliding_window > 0 && cfg.layer_is_sliding[size_t(layer)]; }
+  int window(int layer) const { return sliding(layer) ? cfg.sliding_window : 0; }
+};
+
+}  // namespace mx

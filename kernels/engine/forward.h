@@ -1,0 +1,90 @@
+// The GPU forward of one step: embedding, the layer loop, final norm, lm_head and the pick. Two paths:
+//   decode  (forward_decode.cpp)  M <= 8 tokens: six kernels a layer (five for one token), or from
+//           decode_step_min_tokens one persistent kernel for the whole step (decode_step.h);
+//   prefill (forward_prefill.cpp) more tokens: cuBLASLt GEMMs, the grouped MoE, flash attention.
+// The layer loops name their reduce points (after the attention's o-proj, after the experts): where
+// a tensor-parallel shard would sum its partial rows with the other GPUs'. On one GPU they are no-ops.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/engine/device_model.h"
+#include "kernels/engine/memory_plan.h"
+#include "kernels/engine/probe.h"
+#include "kernels/gemm/gemm_bf16.h"
+
+namespace mx {
+
+// What the forward reads of the step being run.
+struct StepView {
+  const StepMeta* dev = nullptr;   // the metadata on the device
+  const StepMeta* host = nullptr;  // its host copy (read for positions on the host)
+  float* results = nullptr;        // where the picks go: S tokens (int32), then S log-probs (mapped host memory)
+  int num_sampled = 0;             // S
+  bool attn_long = false;          // a context past the tensor-core attention's one pass: full layers use registers
+};
+
+// One sequence's rows in a prefill step: first token row, token count, block-table offsets of the
+// full and the sliding layers.
+struct SeqRows {
+  int row = 0, n = 0, bt_off = 0, bt_off_sw = 0;
+};
+
+struct ForwardOptions {
+  int decode_step_min_tokens = 7;       // CudaEngineOptions
+  bool flash_prefill_attention = true;  // CudaEngineOptions
+  int vocab_limit = 0;                  // ids >= this are never picked
+  int moe_max_tiles = 0;                // MemoryPlan: the grouped MoE's tile bound
+};
+
+class Forward {
+ public:
+  Forward(const DeviceModel& model, const KvCache& kv, const Activations& act, const ForwardOptions& opt,
+          cudaStream_t stream, Probe& probe);
+  ~Forward();
+  Forward(const Forward&) = delete;
+  Forward& operator=(const Forward&) = delete;
+
+  // Decode forward over tokens [t0, t0 + M) of the step (M <= 8); picks the S rows listed in
+  // srow_local[s0 .. s0 + S) into result slot s0. one_token_per_seq: no two of the M tokens belong to
+  // the same sequence.
+  void decode(const StepView& st, int t0, int M, int s0, int S, bool one_token_per_seq);
+  // Prefill forward over all M tokens of the step; n_decode rows are single-token sequences.
+  void prefill(const StepView& st, int M, int S, const std::vector<SeqRows>& seqs, int n_decode);
+
+ private:
+  // The decode path's layer, op by op: `x` is the residual the layer reads (plus `y`, the previous
+  // layer's per-slot expert outputs), `x_next` the one it writes.
+  struct DecodeRows {
+    const StepView* st;
+    int t0, M;
+    bool one_token_per_seq, fused_router;
+  };
+  void decode_layers(const DecodeRows& r);
+  void decode_persistent(const StepView& st, int t0, int M, bool one_token_per_seq);
+  void qkv_rope_kv(const DecodeRows& r, int l, const float* x, const float* y, float* x_next);
+  void attention(const DecodeRows& r, int l);
+  void o_proj(const DecodeRows& r, int l, float* x_next);
+  void router(const DecodeRows& r, int l, float* x_next);
+  void experts(const DecodeRows& r, int l, float* x_next);
+  void final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
+  // Tensor-parallel reduce points (see the top of this file).
+  void reduce_after_attention(int layer) { (void)layer; }
+  void reduce_after_experts(int layer) { (void)layer; }
+  void mark(const char* name, double bytes) { probe_.mark(name, bytes, stream_); }
+
+  const DeviceModel& model_;
+  const DeviceShape& shape_;
+  const KvCache& kv_;
+  const Activations& act_;
+  ForwardOptions opt_;
+  cudaStream_t stream_;
+  Probe& probe_;
+  cuda::GemmContext* gemm_ = nullptr;
+  float concentration_ = 1.f;  // YaRN attention scaling
+  bool mma_attention_ = false;  // full layers may run attention_decode_mma (this shape)
+};
+
+}  // namespace mx

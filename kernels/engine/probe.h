@@ -1,0 +1,66 @@
+// Diagnostics of `mxserve bench` (bench_hooks.h sets them): per-kernel events (--breakdown), kernel
+// kinds left out of graph replays (marginal costs) and per-CTA / per-item timelines (--step-trace).
+// In serving every hook is one branch on an inactive member.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/common/cta_trace.h"
+
+namespace mx {
+
+// Time and bytes of one kernel kind over the last profiled step (all layers summed).
+struct KernelProfile {
+  std::string name;
+  double ms = 0, bytes = 0;
+  int calls = 0;
+};
+
+// Kernel kinds of the decode step that bench can leave out (set_decode_skip).
+enum DecodeKernelBit : uint32_t {
+  kDecodeQkv = 1, kDecodeAttention = 2, kDecodeOProj = 4, kDecodeRouter = 8, kDecodeFc1 = 16, kDecodeFc2 = 32,
+  kDecodeHead = 64,  // final norm, lm_head and the pick
+};
+inline constexpr const char* kDecodeKernelNames[] = {"qkv_rope_kv", "attention", "o_proj_residual", "router",
+                                                     "moe_fc1_swiglu", "moe_fc2", "final_norm+lm_head+pick"};
+
+class Probe {
+ public:
+  Probe();
+  ~Probe();
+  Probe(const Probe&) = delete;
+  Probe& operator=(const Probe&) = delete;
+
+  // Any diagnostic on: steps run without decode ahead.
+  bool active() const { return profiling || skip || trace; }
+  bool skips(uint32_t bit) const { return (skip & bit) != 0; }
+
+  // Profiled steps run eagerly with an event after every kernel.
+  void begin_step(cudaStream_t s);
+  void mark(const char* name, double bytes, cudaStream_t s);
+  std::vector<KernelProfile> collect() const;  // after the step's event has fired
+
+  // Traces: the persistent step's items (kind 0) or the per-op kernels' CTA records (kind 2), in one
+  // device buffer of `trace_words` words plus the per-op cursor after it.
+  void set_trace(bool on, size_t words);
+  cuda::CtaTrace op_trace(int layer) const;
+  void reset_op_cursor(cudaStream_t s) const;
+  std::vector<uint64_t> read_trace() const;
+
+  bool profiling = false;
+  uint32_t skip = 0;  // DecodeKernelBit mask
+  unsigned long long* trace = nullptr;
+  size_t trace_words = 0, trace_items = 0;
+  int trace_kind = 0;
+  std::vector<KernelProfile> profile;  // of the last profiled step
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<std::pair<const char*, double>> marks_;
+};
+
+}  // namespace mx

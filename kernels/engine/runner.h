@@ -1,0 +1,130 @@
+// The CUDA runner: owns the device memory (memory_plan.h), the weights (device_model.h), the KV cache
+// and the forward (forward.h), and executes steps (step.cpp): each step's metadata is planned into a
+// pinned host buffer, copied on a copy stream, the forward enqueued (decode steps of up to 8
+// sequences as captured graphs), and the picks collected from mapped host memory. Decode ahead
+// enqueues the next one-token step before the current one's results are read.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <memory>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "core/parallel.h"
+#include "kernels/decode/decode_gemv.h"
+#include "kernels/engine/cuda_runner.h"
+#include "kernels/engine/device_model.h"
+#include "kernels/engine/forward.h"
+#include "kernels/engine/memory_plan.h"
+#include "kernels/engine/probe.h"
+#include "model/sampler.h"
+
+namespace mx {
+
+// One step as step() enqueued it: what collect_step needs once its event has fired.
+struct StepPlan {
+  int M = 0, S = 0, nbt = 0, n_decode = 0;
+  int parity = 0;            // its host metadata, device metadata, result slots, event and graphs
+  bool filters = false;      // GPU top-k / top-p / min-p after the pick
+  bool need_logits = false;  // logits copied to the host (host sampling or keep_logits)
+  bool graph = false;        // runs as a captured decode graph
+  bool attn_long = false;    // a context past the tensor-core attention's one pass
+  std::vector<int> sample_seq;  // the sequence index of each sampled row
+  std::vector<SeqRows> layout;  // per sequence
+};
+
+// Decode ahead (CudaEngineOptions::decode_ahead): after a graph step whose sequences all expect a next
+// token, step() enqueues that next step (positions + 1, the tokens the GPU picks) before it waits for
+// the current one. The next step() call uses it if it asks for exactly that step, and otherwise leaves
+// its results unread.
+struct DecodeAhead {
+  bool active = false;
+  int parity = 0;
+  std::vector<SeqStep> steps;                       // the step enqueued (tokens: the device's picks)
+  std::vector<std::vector<int32_t>> full, sliding;  // their block tables (copies)
+  std::vector<int32_t> fed;                         // the tokens it was fed, once the step before is collected
+  DecodeAheadStats stats;
+};
+
+// Captured decode steps, one per key: what changes the launches a graph records.
+struct GraphKey {
+  int tokens = 1;          // 1..8, one token per sequence (every token sampled)
+  bool attn_long = false;  // full layers on the register attention kernel
+  int parity = 0;          // the metadata buffer and result slot it reads and writes
+};
+class DecodeGraphs {
+ public:
+  DecodeGraphs() = default;
+  DecodeGraphs(const DecodeGraphs&) = delete;
+  DecodeGraphs& operator=(const DecodeGraphs&) = delete;
+  ~DecodeGraphs() { clear(); }
+  cudaGraphExec_t& at(const GraphKey& k) {
+    return g_[size_t(k.tokens + (cuda::kDecodeMaxTokens + 1) * (int(k.attn_long) + 2 * k.parity))];
+  }
+  void clear();  // after anything a graph captured changed (a diagnostic turned on or off)
+
+ private:
+  std::array<cudaGraphExec_t, (cuda::kDecodeMaxTokens + 1) * 4> g_{};
+};
+
+class CudaRunner final : public CudaRunnerBase {
+ public:
+  explicit CudaRunner(const CudaEngineOptions& opt);
+  ~CudaRunner() override;
+
+  const ModelConfig& config() const override { return cfg_; }
+  KvCacheShape kv_shape() const override { return {opt_.block_size, kv_.num_blocks, kv_.sliding_window}; }
+  CudaLoadStats load_stats() const override { return stats_; }
+  DecodeAheadStats decode_ahead_stats() const override { return ahead_.stats; }
+  std::span<const float> last_logits(int index) const override;
+  void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override;
+
+ private:
+  friend class CudaBenchHooks;
+  void allocate();
+  // step() in parts (step.cpp): the metadata into host buffer `parity` (checked; device_tokens: a
+  // negative token is the previous step's pick of the same row), its launch, and its results.
+  StepPlan& plan_step(std::span<const SeqStep> seqs, int parity, bool device_tokens);
+  void enqueue_step(const StepPlan& pl);
+  void collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out);
+  bool ahead_matches(std::span<const SeqStep> seqs) const;
+  void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
+  StepView view(const StepPlan& pl) const;
+  void run_decode_graph(const StepPlan& pl);
+
+  CudaEngineOptions opt_;
+  ModelConfig cfg_;
+  DeviceModel model_;
+  MemoryPlan plan_;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;  // the metadata copies, beside the step before
+  CudaLoadStats stats_;
+  uint8_t *weights_arena_ = nullptr, *act_arena_ = nullptr, *kv_arena_ = nullptr;
+  Activations act_{};
+  KvCache kv_;
+  Probe probe_;
+  std::unique_ptr<Forward> forward_;
+  // Per parity: host (pinned) and device metadata buffers, the plan, and two events: after the step's
+  // last kernel (its device metadata is free) and after its metadata copy (its host buffer is free).
+  StepMeta hmeta_[2]{}, dmeta_[2]{};
+  StepPlan plans_[2];
+  cudaEvent_t done_[2]{}, copied_[2]{};
+  int32_t* hmeta_block_ = nullptr;
+  int parity_ = 0;            // of the step being enqueued
+  DecodeAhead ahead_;
+  DecodeGraphs graphs_;
+  int vocab_limit_ = 0;       // ids >= this (beyond the tokenizer) are never sampled
+  int last_sampled_ = 0;      // rows of the last collected step (last_logits)
+  float* host_logits_ = nullptr;
+  void* host_res_ = nullptr;  // two result slots of S tokens then S log-probs (parity), mapped
+  float* res_dev_ = nullptr;  // host_res_ as the device sees it
+  // Host sampling (top_logprobs rows): in parallel on a few threads.
+  ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
+  std::vector<std::vector<float>> scratch_;
+  std::vector<SampleJob> jobs_;
+};
+
+}  // namespace mx
