@@ -13,7 +13,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #ifdef MXSERVE_HAVE_CUDA
-#include "kernels/engine/bench_hooks.h"
+#include "cli/bench_hooks.h"
 #include "kernels/engine/cuda_runner.h"
 #include "kernels/engine/device_model.h"
 #endif

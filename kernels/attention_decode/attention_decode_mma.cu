@@ -139,7 +139,6 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
   }
   cp_async_wait<0>();
   __syncthreads();
-  trace_probe<5>(p.trace.buf);
 
   float m = -INFINITY, l = 0.f;  // head g's running max and (this thread's part of the) sum
   float o[8][4];
@@ -243,7 +242,6 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
     wp[1] = o[j][1] + o[j][3];
   }
   __syncthreads();
-  trace_probe<6>(p.trace.buf);
   {
     const int h = tid / (D / 4), d = 4 * (tid % (D / 4));  // this thread's 4 values
     float mx = -INFINITY;
@@ -340,7 +338,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
   int* ticket = p.tickets + qi * p.Hkv + kvh;
   if (tid == 0) last = atomicAdd(ticket, 1) == nsplit - 1;
   __syncthreads();
-  trace_probe<7>(p.trace.buf);
   if (last) {
     merge_tagged(p, rec, tag, nsplit, kvh, n);
     if (tid == 0) *ticket = 0;  // ready for the next launch / graph replay

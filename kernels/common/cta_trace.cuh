@@ -40,18 +40,6 @@ struct TracedPdlWait {
   }
 };
 
-// Probe builds only (`cmake ... -DCMAKE_CUDA_FLAGS=-DMX_PROBE_STAGE=N`): the trace's wait stamp moves to probe
-// point N, so the summary's "wait released" column times the prologue up to there. 1: after the staging barrier
-// of the one-token qkv, o-proj, FC1 and FC2 kernels; 2 / 3 / 4: FC1 after its routing, after its first weight
-// batch's issue, after thread 0's staging (docs/perf.md, session 18); 5 / 6 / 7: the tensor-core attention with
-// its K/V, q and current key in shared memory / after its warps' outputs are combined / after its ticket.
-template <int N = 1>
-__device__ __forceinline__ void trace_probe(const unsigned long long* buf) {
-#if defined(MX_PROBE_STAGE)
-  if (MX_PROBE_STAGE == N && buf && threadIdx.x == 0) trace_stamps()[1] = global_ns();
-#endif
-}
-
 // Call from every thread at the kernel's end (a barrier when tracing).
 __device__ __forceinline__ void trace_end(const CtaTrace& tr, int kind) {
   if (!tr.buf) return;

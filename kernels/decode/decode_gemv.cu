@@ -66,7 +66,6 @@ __global__ void __launch_bounds__(128, 3) oproj_router_m1_k(OProjRouterParams p)
   TracedPdlWait{o.trace.buf}();
   stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, false, xs);
   __syncthreads();
-  trace_probe(o.trace.buf);
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   if (pt.run(xs, 1, o.K, red, c) && (threadIdx.x & 3) == 0) {  // lanes (g, 0): token 0, rows g and g + 8
 #pragma unroll

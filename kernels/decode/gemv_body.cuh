@@ -93,7 +93,6 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   const bool first = cta == 0;
   stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
   __syncthreads();
-  trace_probe(p.trace.buf);
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   tile_bf16_run(pipe, xs + min(g, p.M - 1) * staged_ld(p.H), s0, c);
   reduce_ksplit(c, red, KSPLIT);

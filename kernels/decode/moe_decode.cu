@@ -79,7 +79,6 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, c
   } else {
     route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
   }
-  trace_probe<2>(tbuf);
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * kMoeWarps + warp, ntiles = I / 8;
@@ -89,12 +88,9 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, c
   int s0;
   e4m3::Pipe<kM1U> pipe = expert_pipe<1, kM1U, true>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, 0, t, s0);
   const float bg = bf(p.fc1_bias[rA]), bu = bf(p.fc1_bias[rA + 1]);  // the epilogue's, in flight with the weights
-  trace_probe<3>(tbuf);
   if (p.route_acc) e4m3::stage_split_rest(norm, H, raw, xst);
   else e4m3::stage_split(p.xn, H, xst);
-  trace_probe<4>(tbuf);
   __syncthreads();
-  trace_probe(tbuf);
   const float2 v = e4m3::tile_run(pipe, xst, H, s0);
   if (tile >= ntiles || t != 0) return;
   const float gate = fminf(v.x + bg, p.limit);
@@ -129,7 +125,6 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
   TracedPdlWait{tbuf}();  // FC1's activations
   e4m3::stage_split(p.act + size_t(j) * I, I, xst);
   __syncthreads();
-  trace_probe(tbuf);
   const float2 v = e4m3::tile_run(pipe, xst, I, s0);
   float c[4] = {v.x, 0.f, v.y, 0.f};
   reduce_ksplit(c, red, KSPLIT);

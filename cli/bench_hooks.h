@@ -1,6 +1,6 @@
-// Diagnostics for `mxserve bench` only (cli/cmd_bench.cpp), kept off the runner's interface: per-kernel
-// profiles, kernel kinds left out of graph replays, step timelines, graph replays without the host.
-// Turning any of them on or off drops decode ahead and the captured graphs.
+// Diagnostics for `mxserve bench` only (cmd_bench.cpp), kept off the runner's interface (runner.h names
+// this class a friend): per-kernel profiles, kernel kinds left out of graph replays, step timelines,
+// graph replays without the host. Turning any of them on or off drops decode ahead and the graphs.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -1,4 +1,6 @@
-#include "kernels/engine/bench_hooks.h"
+// Built with the CUDA engine only (MXSERVE_HAVE_CUDA): the bench reaches the runner's internals here.
+#ifdef MXSERVE_HAVE_CUDA
+#include "cli/bench_hooks.h"
 
 #include <algorithm>
 
@@ -66,3 +68,4 @@ double CudaBenchHooks::replay_decode_graph_ms(int M, int n) {
 }
 
 }  // namespace mx
+#endif  // MXSERVE_HAVE_CUDA
