@@ -1,6 +1,5 @@
 // Body of the decode attention (see attention_decode.h) as a device function, shared by its own grid
-// (attention_decode.cu), the persistent decode step (kernels/decode/decode_step.cu) and the one-token
-// stream kernel (kernels/decode/decode_stream.cu).
+// (attention_decode.cu) and the persistent decode step (kernels/decode/decode_step.cu).
 #pragma once
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/common/device_math.cuh"
@@ -23,8 +22,7 @@ __device__ __forceinline__ uint16_t attn_to_bf(float f) {
 }
 
 // The threads that run one attention item: a whole CTA of kAttnWarps warps (the per-op grid and the
-// persistent step), or the first kAttnWarps warps of a larger CTA with a named barrier of their own
-// (the one-token stream kernel, decode_stream.cu). The item's warps are tid() / 32 = 0 .. kAttnWarps - 1.
+// persistent step). The item's warps are tid() / 32 = 0 .. kAttnWarps - 1.
 struct CtaTeam {
   __device__ __forceinline__ int tid() const { return threadIdx.x; }
   __device__ __forceinline__ int size() const { return blockDim.x; }

@@ -7,10 +7,11 @@
 // CTA is resident (the grid is sized from the occupancy and launched cooperatively), so the item
 // with the lowest unfinished index can always run: no deadlock.
 // The kernel bodies are the ones of the per-op grids (gemv_body.cuh, moe_body.cuh,
-// attention_decode_body.cuh), so both paths compute bit-identical results. It pays from two tokens
-// on; at one token the per-op launches are faster (docs/perf.md, 2026-11-23): an item is a chain of
-// dependent memory round trips (weights, staging, outputs) that a phase waits for, and a CTA cannot
-// start the next phase's item while it runs one of the current phase.
+// attention_decode_body.cuh); the per-op path alone has the one-token FP8 experts, the router folded
+// into the o-proj and the tensor-core attention, so the two paths agree to rounding. At one token the
+// per-op launches are faster (docs/perf.md): an item is a chain of dependent memory round trips
+// (weights, staging, outputs) that a phase waits for, and a CTA cannot start the next phase's item
+// while it runs one of the current phase.
 #pragma once
 #include <cstddef>
 #include <cstdint>

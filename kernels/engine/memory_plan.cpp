@@ -35,11 +35,11 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   const size_t attn_part = cuda::attention_decode_scratch_floats(p.attn_rows, d.Hkv, d.D) * 4;
   p.activation_sizes = {
       T * H * 4, T * H * 4, T * d.qkv_dim() * 4, T * E * 4, T * k * 4, T * k * H * 4,  // xa .. ysl
-      S * V * 4, S * 8, size_t(d.D) * 2, attn_part, cuda::argmax_scratch_floats(int(S), int(V)) * 4,
+      S * V * 4, S * 8, size_t(d.D) * 2, attn_part,
       T * H * 2, T * d.q_dim() * 2, T * d.q_dim() * 2, T * k * I * 2, S * H * 2,  // bf16
       T * k * 4, T * d.Hkv * cuda::kAttnDecodeGroup * 4,                         // eidx, tickets
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(p.moe_max_tiles) * 4, size_t(p.moe_max_tiles) * 4, 4,
-      T * k * 4,                                                                 // moe routing
+      T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,                // moe routing, argmax
       cuda::decode_step_counter_words(d.layers) * 4, size_t(d.layers) * sizeof(cuda::DecodeStepLayer),
       size_t(d.layers) * E * 8, size_t(cuda::oproj_router_tiles(d.H)) * 4,
       cuda::attention_decode_mma_scratch_words(cuda::kDecodeMaxTokens, d.Hkv) * 8, S * 4};
@@ -89,11 +89,12 @@ Activations bind_activations(uint8_t* arena, const MemoryPlan& plan) {
   auto i32 = [&]() { return reinterpret_cast<int32_t*>(next()); };
   Activations x{};
   x.xa = f32(); x.xb = f32(); x.qkv = f32(); x.router = f32(); x.ew = f32(); x.ysl = f32();
-  x.logits = f32(); x.scratch = f32(); x.inv_freq = f32(); x.attn_part = f32(); x.argmax_part = f32();
+  x.logits = f32(); x.scratch = f32(); x.inv_freq = f32(); x.attn_part = f32();
   x.xn = b16(); x.qbf = b16(); x.attn = b16(); x.act_bf = b16(); x.xs = b16();
   x.eidx = i32(); x.tickets = i32();
   x.moe_counts = i32(); x.moe_offsets = i32(); x.moe_sorted_tok = i32(); x.moe_sorted_slot = i32();
   x.moe_tile_expert = i32(); x.moe_tile_row0 = i32(); x.moe_num_tiles = i32(); x.moe_sorted_w = f32();
+  x.argmax_part = f32();
   x.step_counters = reinterpret_cast<unsigned*>(next());
   x.step_layers = reinterpret_cast<cuda::DecodeStepLayer*>(next());
   x.route_acc = reinterpret_cast<long long*>(next());

@@ -16,13 +16,14 @@ namespace mx {
 struct Activations {
   float *xa, *xb;                  // fp32 residual stream [T, H] (the decode path ping-pongs between them)
   float *qkv, *router, *ew, *ysl;  // qkv rows, router logits, top-k weights, per-slot expert outputs
-  float *logits, *scratch, *inv_freq, *attn_part, *argmax_part;  // scratch: S * 8 bytes (the scale check)
+  float *logits, *scratch, *inv_freq, *attn_part;  // scratch: S * 8 bytes (the scale check)
   uint16_t *xn, *qbf, *attn, *act_bf, *xs;  // bf16: normed rows, q, attention out, SwiGLU out, final norm
   int32_t *eidx, *tickets;
   // grouped-MoE routing scratch (prefill)
   int32_t *moe_counts, *moe_offsets, *moe_sorted_tok, *moe_sorted_slot, *moe_tile_expert, *moe_tile_row0,
       *moe_num_tiles;
   float* moe_sorted_w;
+  float* argmax_part;                    // the pick's per-chunk partials
   unsigned* step_counters;               // ready counters of the persistent decode step
   cuda::DecodeStepLayer* step_layers;    // its per-layer pointers
   long long* route_acc;                  // one-token router sums [layers][E] (OProjRouterParams)
