@@ -28,8 +28,9 @@ struct CudaEngineOptions {
   int prefill_min_tokens = 9;
   bool flash_prefill_attention = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
   // Decode steps of at least this many tokens (up to 8) run as one persistent kernel (decode_step.h),
-  // smaller ones as six launches per layer (docs/perf.md has the A/B on distinct rows). 9: never.
-  int decode_step_min_tokens = 7;
+  // smaller ones as six launches per layer: on distinct rows the launches win up to 5 tokens and fall
+  // behind from 6 (docs/perf.md). 9: never.
+  int decode_step_min_tokens = 6;
   // Enqueue the next one-token step of sequences that expect one (SeqStep::expect_next) before the
   // current step's results are read, fed by the GPU's picks: the GPU does not wait through the host's
   // turn. A next step() that asks for something else leaves that step's results unread (wasted work).

@@ -33,7 +33,7 @@ struct SeqRows {
 };
 
 struct ForwardOptions {
-  int decode_step_min_tokens = 7;       // CudaEngineOptions
+  int decode_step_min_tokens = 6;       // CudaEngineOptions
   bool flash_prefill_attention = true;  // CudaEngineOptions
   int vocab_limit = 0;                  // ids >= this are never picked
   int moe_max_tiles = 0;                // MemoryPlan: the grouped MoE's tile bound
