@@ -46,8 +46,7 @@ struct QkvRopeKvParams {
   KvLayer kv;                        // the layer's paged cache (bf16, kv_cache.h)
   int M = 1, H = 0, Hq = 0, Hkv = 0, D = 64;
   // One token, full attention: prefetch the older K / V blocks into L2 while the weights stream. The
-  // attention CTAs that get an SM only as this kernel's leave then read them from L2 (120b full
-  // layers: attention 13.2 -> 11.1 us; sliding layers gained nothing, docs/perf.md, session 13).
+  // attention CTAs that get an SM only as this kernel's leave then read them from L2 (docs/perf.md).
   bool kv_prefetch = false;
   const int32_t* block_tables = nullptr;
   const int32_t* bt_off = nullptr;   // [M]

@@ -61,9 +61,8 @@ __device__ __forceinline__ int first_item(int base) {
   return ((int(blockIdx.x) - base) % nb + nb) % nb;
 }
 
-// Two CTAs per SM: the item functions then fit their registers (up to 255) without spilling. At three
-// (168 registers) the call ABI made the attention item spill and the step ran 2 % slower at batch 1
-// (docs/perf.md, 2026-11-23).
+// Two CTAs per SM: the item functions then fit their registers (up to 255) without spilling; at three
+// the call ABI made the attention item spill (docs/perf.md).
 constexpr int kStepCtasPerSm = 2;
 
 // Shared scratch of the item functions (a CTA runs one item at a time).

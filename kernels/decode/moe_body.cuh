@@ -102,8 +102,8 @@ __device__ inline float route_token_acc(const MoeDecodeParams& p, int (&sel)[kTo
     acc[i] = e < p.E ? __ldcg(p.route_acc + e) : 0;
     bias[i] = e < p.E ? bf(p.router_bias[e]) : 0.f;
   }
-  // The sums of squares too: a loop adding one load at a time was a round trip per iteration (six at
-  // the 180 o-proj tiles of H = 2880), ~3 us of FC1's prologue.
+  // The sums of squares too, in one round of loads: a loop adding one load at a time is a round trip
+  // per iteration on FC1's prologue.
   constexpr int kSsPer = 8;
   float sp[kSsPer];
 #pragma unroll

@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
 }
 
 // One token on FP8 tensor cores (e4m3_split.cuh), sm_89+. Same grids and tiles as above; the
-// activations are staged as e4m3 (hi, lo) terms, four weight segments in flight per warp (eight
-// measured slower, as did FC2 without the K split: docs/perf.md, session 10).
+// activations are staged as e4m3 (hi, lo) terms, four weight segments in flight per warp (more were
+// slower, as was FC2 without the K split: docs/perf.md).
 constexpr int kM1U = 4;
 
 __device__ __forceinline__ bool fp8_arch() {
@@ -70,7 +70,7 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, c
   int sel[kTopK];
   float wt[kTopK];
   // The staging's first loads (h, gamma) do not need the routing: issued beside its loads, they do not
-  // queue behind the expert weights' first batch (which took the prologue from ~4.5 to ~9 us).
+  // queue behind the expert weights' first batch.
   e4m3::NormSrc norm{p.h, p.norm_w, 0.f};
   e4m3::NormSrc::Raw raw[e4m3::kStageBatch];
   if (p.route_acc) {
