@@ -40,6 +40,29 @@ bool valid_function_name(const std::string& n) {
   return true;
 }
 
+// tool_choice: none | auto | required, or {"type": "function", "function": {"name": N}} naming one of
+// `tools` (OpenAI answers 400 for a name it does not know).
+void check_tool_choice(const json& body, const json& tools) {
+  if (!body.contains("tool_choice") || body["tool_choice"].is_null()) return;
+  const json& tc = body["tool_choice"];
+  const bool have_tools = tools.is_array() && !tools.empty();
+  if (tc.is_string()) {
+    const std::string s = tc;
+    if (s != "none" && s != "auto" && s != "required")
+      bad("tool_choice", fmt::format("'tool_choice' must be none, auto, required or a function, got '{}'", s));
+    if (s == "required" && !have_tools) bad("tool_choice", "'tool_choice' is 'required' but no 'tools' are given");
+    return;
+  }
+  if (!tc.is_object() || tc.value("type", "") != "function" || !tc.contains("function") || !tc["function"].is_object() ||
+      !tc["function"].contains("name") || !tc["function"]["name"].is_string())
+    bad("tool_choice", R"('tool_choice' must be none, auto, required or {"type": "function", "function": {"name": ...}})");
+  const std::string name = tc["function"]["name"];
+  if (have_tools)
+    for (const json& t : tools)
+      if (t["function"]["name"] == name) return;
+  bad("tool_choice", fmt::format("'tool_choice' names function '{}', which is not in 'tools'", name));
+}
+
 }  // namespace
 
 ChatRequest chat_request_from_json(const json& body) {
@@ -76,6 +99,7 @@ ChatRequest chat_request_from_json(const json& body) {
     }
     r.tools = tools;
   }
+  check_tool_choice(body, r.tools);
 
   std::map<std::string, std::string> call_names;  // tool_call id -> function name
   for (size_t i = 0; i < msgs.size(); ++i) {

@@ -48,6 +48,9 @@ const BAD = [
   ['27 seed 2^70', 'chat', chat({ seed: 2 ** 70 }), 'seed'],
   ['28 response_format', 'chat', chat({ response_format: { type: 123 } }), 'response_format'],
   ['30 tools bad type', 'chat', chat({ tools: [{ type: 'nope', function: { name: 'f' } }] }), 'tools[0]'],
+  ['30 tool_choice names an unknown function', 'chat',
+    chat({ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }),
+    'tool_choice'],
   ['41 reasoning_effort extreme', 'chat', chat({ reasoning_effort: 'extreme' }), 'reasoning_effort'],
 ];
 

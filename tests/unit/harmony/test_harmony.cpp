@@ -138,6 +138,19 @@ TEST(HarmonyRequest, Errors) {
             "tools[0].function.parameters");
   EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]})")),
             "tools[0].type");
+  const std::string tools = R"("tools":[{"type":"function","function":{"name":"get_weather"}}])";
+  EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                 R"(,"tool_choice":{"type":"function","function":{"name":"get_time"}}})")),
+            "tool_choice");
+  EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],)" + tools + R"(,"tool_choice":"sometimes"})")),
+            "tool_choice");
+  EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})")), "tool_choice");
+  EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":{"type":"function"}})")),
+            "tool_choice");
+  EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],)" + tools +
+                                 R"(,"tool_choice":{"type":"function","function":{"name":"get_weather"}}})")),
+            "<no error>");
+  EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"auto"})")), "<no error>");
   EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"tool","tool_call_id":"nope","content":"x"}]})")),
             "messages[0].tool_call_id");
   EXPECT_EQ(param_of(json::parse(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"name":"f","arguments":5}}]}]})")),
