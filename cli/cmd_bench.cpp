@@ -161,7 +161,8 @@ void summarize_op_trace(const std::vector<uint64_t>& t, int layers) {
 // persistent step) or per CTA (the six launches per layer; cta_trace.h) the layer, phase (0 qkv,
 // 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait satisfied (0: none) / exit
 // times in ns from the step's first item.
-void write_step_trace(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth, const std::string& path) {
+void write_step_trace(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth,
+                      const std::string& path) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
@@ -227,7 +228,8 @@ void run_bench(const BenchOptions& o) {
   auto take = [&](int n) {
     if (next_block + n > r->kv_shape().num_blocks)
       fail("bench: the KV cache ({} blocks) cannot hold batch {} at depth {}{}; lower --batch or --depth, or raise "
-           "--gpu-memory-utilization", r->kv_shape().num_blocks, max_b, o.depth, o.clone_rows ? "" : " (distinct rows)");
+           "--gpu-memory-utilization",
+           r->kv_shape().num_blocks, max_b, o.depth, o.clone_rows ? "" : " (distinct rows)");
     next_block += n;
     return next_block - n;
   };
@@ -264,7 +266,7 @@ void run_bench(const BenchOptions& o) {
     for (int off = 0; off < n; off += chunk) {
       const int len = std::min(chunk, n - off);
       SeqStep s;
-      s.tokens = std::span<const int32_t>(tk.data() + (off % int(tk.size())), std::min<size_t>(len, tk.size() - off % tk.size()));
+      s.tokens = std::span<const int32_t>(tk).subspan(size_t(off), size_t(len));  // tk holds the n tokens
       s.start_pos = start + off;
       s.block_table = bt.full;
       s.sliding_table = bt.sliding;
@@ -337,7 +339,7 @@ void run_bench(const BenchOptions& o) {
       const double ctx = o.depth + n / 2.0;
       double kv_bytes = 0;
       for (int l = 0; l < c.num_layers; ++l)
-        kv_bytes += (window > 0 && c.layer_is_sliding[size_t(l)] ? std::min<double>(ctx, window) : ctx) * c.kv_dim() * 2 * 2;
+        kv_bytes += (window > 0 && c.layer_is_sliding[size_t(l)] ? std::min<double>(ctx, window) : ctx) * c.kv_dim() * 4;
       row.bytes = decode_weight_bytes(DeviceShape::of(c), B) / B + kv_bytes;
       row.gbps = row.bytes * row.tps.mean / 1e9;
       row.pct = 100.0 * row.gbps / copy_gbps;

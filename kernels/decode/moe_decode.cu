@@ -142,14 +142,21 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   trace_end(p.trace, 5);
 }
 
-// The one-token FP8 path: sm_89+ (the current device's).
+// The one-token FP8 path: sm_89+ (the current device's; its compute capability read once per device).
 bool use_m1(int M) {
   if (M != 1) return false;
-  int dev = 0, major = 0, minor = 0;
+  static std::atomic<int> cc[64];  // 0: not read yet
+  int dev = 0;
   MX_CUDA(cudaGetDevice(&dev));
-  MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major * 10 + minor >= 89;
+  int v = cc[dev & 63].load(std::memory_order_relaxed);
+  if (!v) {
+    int major = 0, minor = 0;
+    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    v = major * 10 + minor;
+    cc[dev & 63].store(v, std::memory_order_relaxed);
+  }
+  return v >= 89;
 }
 bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M); }
 
@@ -167,8 +174,9 @@ void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [] { allow_dynamic_smem(fc1_k); });
-  if (p.route_acc && !use_m1(p)) throw_error("moe decode: route_acc needs the one-token FP8 path");
-  if (use_m1(p)) {
+  const bool m1 = use_m1(p);
+  if (p.route_acc && !m1) throw_error("moe decode: route_acc needs the one-token FP8 path");
+  if (m1) {
     launch_pdl(fc1_m1_k, dim3(fc1_ctas(p.I), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
     return;
   }
@@ -180,8 +188,9 @@ void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
   check(p);
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [] { allow_dynamic_smem(fc2_k); });
-  if (p.route_acc && !use_m1(p)) throw_error("moe decode: route_acc needs the one-token FP8 path");
-  if (use_m1(p)) {
+  const bool m1 = use_m1(p);
+  if (p.route_acc && !m1) throw_error("moe decode: route_acc needs the one-token FP8 path");
+  if (m1) {
     launch_pdl(fc2_m1_k, dim3(fc2_ctas(p.H), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.I)), s, p);
     return;
   }

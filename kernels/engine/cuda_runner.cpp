@@ -16,7 +16,6 @@
 namespace mx {
 namespace {
 
-size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
 ModelConfig load_config(const CudaEngineOptions& opt) {
   ModelConfig c = opt.dummy_weights ? preset_config(opt.preset) : load_model_config(opt.model_dir);

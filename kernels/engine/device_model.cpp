@@ -12,10 +12,6 @@
 #include "model/weights.h"
 
 namespace mx {
-namespace {
-size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
-}  // namespace
-
 DeviceShape DeviceShape::of(const ModelConfig& c) {
   DeviceShape s;
   s.layers = c.num_layers; s.H = c.hidden_size; s.V = c.vocab_size;
@@ -94,7 +90,9 @@ void DeviceModel::bind(uint8_t* arena) {
 void DeviceModel::fill_dummy(uint64_t seed0, cudaStream_t s) {
   const size_t H = shape.H, V = shape.V;
   uint64_t seed = seed0 * 1000003;
-  auto bf = [&](uint16_t* p, size_t n, float sc, float off = 0.f) { cuda::launch_fill_random_bf16(p, n, sc, off, ++seed, s); };
+  auto bf = [&](uint16_t* p, size_t n, float sc, float off = 0.f) {
+    cuda::launch_fill_random_bf16(p, n, sc, off, ++seed, s);
+  };
   bf(embed, V * H, 1.0f);
   bf(lm_head, V * H, 0.05f);
   bf(final_norm, H, 0.1f, 1.0f);

@@ -13,6 +13,9 @@ namespace mx {
 
 struct ModelWeights;
 
+// Every buffer of the device arenas starts on a 256-byte boundary.
+inline size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
+
 // The dimensions the kernels see. On one GPU they are the model's; a tensor-parallel shard holds a
 // slice of the heads and of the experts, so the forward takes its sizes from here, never from
 // ModelConfig.

@@ -77,6 +77,7 @@ class Forward {
 
   const DeviceModel& model_;
   const DeviceShape& shape_;
+  const LayerSizes sizes_;  // the profile's byte counts
   const KvCache& kv_;
   const Activations& act_;
   ForwardOptions opt_;

@@ -17,7 +17,8 @@ namespace mx {
 
 Forward::Forward(const DeviceModel& model, const KvCache& kv, const Activations& act, const ForwardOptions& opt,
                  cudaStream_t stream, Probe& probe)
-    : model_(model), shape_(model.shape), kv_(kv), act_(act), opt_(opt), stream_(stream), probe_(probe) {
+    : model_(model), shape_(model.shape), sizes_(model.shape), kv_(kv), act_(act), opt_(opt), stream_(stream),
+      probe_(probe) {
   std::vector<float> inv(size_t(shape_.D / 2));
   concentration_ = yarn_inv_freq(model.cfg, inv.data()).concentration;
   MX_CUDA(cudaMemcpy(act_.inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
@@ -57,7 +58,7 @@ void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_
   cuda::launch_embed_bf16(model_.embed, st.dev->tok + t0, act_.xa, M, shape_.H, stream_, act_.picked + t0);
   mark("embed", double(M) * shape_.H * 2);
   decode_layers(r);
-  const float* x = shape_.layers % 2 ? act_.xb : act_.xa;
+  const float* x = cuda::decode_step_output(act_.xa, act_.xb, shape_.layers);  // the last layer's output
   if (S > 0 && !probe_.skips(kDecodeHead)) final_logits(st, x, act_.ysl, st.dev->srow_local + s0, s0, S);
 }
 
@@ -94,7 +95,7 @@ void Forward::qkv_rope_kv(const DecodeRows& r, int l, const float* x, const floa
     q.block_tables = m.bt; q.bt_off = m.bt_off + r.t0;
   }
   if (!probe_.skips(kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, stream_);
-  mark("qkv_rope_kv", double(LayerSizes(shape_).qkv_w));
+  mark("qkv_rope_kv", double(sizes_.qkv_w));
 }
 
 void Forward::attention(const DecodeRows& r, int l) {
@@ -126,7 +127,7 @@ void Forward::attention(const DecodeRows& r, int l) {
 
 void Forward::o_proj(const DecodeRows& r, int l, float* x_next) {
   const DeviceLayer& L = model_.layers[size_t(l)];
-  const LayerSizes ls(shape_);
+  const LayerSizes& ls = sizes_;
   const cuda::OProjParams op{act_.attn, L.o_w, L.o_b, x_next, r.M, shape_.H, shape_.q_dim(), probe_.op_trace(l)};
   if (r.fused_router) {
     if (!probe_.skips(kDecodeOProj))
@@ -147,7 +148,7 @@ void Forward::router(const DecodeRows& r, int l, float* x_next) {
   p.logits = act_.router; p.xn = act_.xn; p.M = r.M; p.E = shape_.E; p.H = shape_.H;
   p.trace = probe_.op_trace(l);
   if (!probe_.skips(kDecodeRouter)) cuda::bf16_router(p, stream_);
-  mark("router", double(LayerSizes(shape_).router_w));
+  mark("router", double(sizes_.router_w));
 }
 
 void Forward::experts(const DecodeRows& r, int l, float* x_next) {
@@ -167,7 +168,7 @@ void Forward::experts(const DecodeRows& r, int l, float* x_next) {
   }
   e.trace = probe_.op_trace(l);
   // Bytes each reads, for the profile: the distinct experts expected for M tokens.
-  const LayerSizes ls(shape_);
+  const LayerSizes& ls = sizes_;
   const double touched = expected_distinct_experts(shape_, r.M) / shape_.E;
   if (!probe_.skips(kDecodeFc1)) cuda::mxfp4_moe_fc1_swiglu(e, stream_);
   mark("moe_fc1_swiglu", touched * double(ls.up_blocks + ls.up_scales + ls.up_bias));

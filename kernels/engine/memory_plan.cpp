@@ -14,7 +14,6 @@
 
 namespace mx {
 namespace {
-size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 // cuBLASLt workspace, CUDA graphs and the context, beside the planned buffers.
 constexpr size_t kReserve = 512ull << 20;
 }  // namespace
@@ -101,7 +100,8 @@ Activations bind_activations(uint8_t* arena, const MemoryPlan& plan) {
   x.ss_part = f32();
   x.attn_mma_part = reinterpret_cast<unsigned long long*>(next());
   x.picked = i32();
-  if (i != plan.activation_sizes.size()) fail("activation arena: {} buffers bound, {} planned", i, plan.activation_sizes.size());
+  if (i != plan.activation_sizes.size())
+    fail("activation arena: {} buffers bound, {} planned", i, plan.activation_sizes.size());
   return x;
 }
 
