@@ -29,6 +29,8 @@ void CudaBenchHooks::set_profiling(bool on) {
 
 std::vector<KernelProfile> CudaBenchHooks::last_profile() const { return r_.probe_.profile; }
 
+std::vector<int> CudaBenchHooks::last_routed_experts() const { return r_.probe_.routed_experts; }
+
 void CudaBenchHooks::set_decode_skip(uint32_t mask) {
   if (mask == r_.probe_.skip) return;
   r_.probe_.skip = mask;

@@ -18,6 +18,9 @@ class CudaBenchHooks {
   // Profiled steps run eagerly with an event after every kernel (slower).
   void set_profiling(bool on);
   std::vector<KernelProfile> last_profile() const;
+  // Distinct experts each layer routed to in the last profiled step (empty: the step took the decode
+  // path, whose routing stays on the GPU).
+  std::vector<int> last_routed_experts() const;
   // Decode steps leave out the kernel kinds whose DecodeKernelBit is set (their outputs go stale,
   // results are garbage), so graph replays time each kind's marginal cost.
   void set_decode_skip(uint32_t mask);

@@ -56,28 +56,39 @@ SeqStep greedy_step(std::span<const int32_t> toks, int depth, const KvTables& bt
   return s;
 }
 
-// One batch-1 decode step at the given depth, run eagerly with an event after every kernel: time,
-// bytes and achieved bandwidth per kernel kind (all layers summed). Event gaps include launch gaps,
-// so the total is slower than a graph replay; the table says where the time goes, not the speed.
-void print_breakdown(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth, double copy_gbps, int n) {
-  const std::vector<int32_t> toks(n, 1);
-  const SeqStep s = greedy_step(toks, depth, bt);
-  SampleResult res;
+// One step, run eagerly with an event after every kernel: time, bytes and achieved bandwidth per kernel
+// kind (all layers summed). Event gaps include launch gaps, so the total is slower than a graph
+// replay; the table says where the time goes, not the speed. Expert bytes count the experts routed.
+void print_breakdown(CudaRunnerBase& r, CudaBenchHooks& hooks, std::span<const SeqStep> steps, const std::string& what,
+                     double copy_gbps) {
+  std::vector<SampleResult> res(steps.size());
   hooks.set_profiling(true);
-  r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));  // warm-up
-  r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
+  r.step(steps, res);  // warm-up
+  r.step(steps, res);
   hooks.set_profiling(false);
   auto prof = hooks.last_profile();
   std::sort(prof.begin(), prof.end(), [](const KernelProfile& a, const KernelProfile& b) { return a.ms > b.ms; });
   double total = 0, bytes = 0;
   for (const auto& k : prof) { total += k.ms; bytes += k.bytes; }
-  std::printf("\nper-kernel breakdown, one %d-token step at depth %d (eager, events between kernels):\n", n, depth);
-  std::printf("| kernel | calls | ms | %% of step | MB | GB/s | %% copy BW |\n|---|---|---|---|---|---|---|\n");
+  const std::vector<int> routed = hooks.last_routed_experts();
+  double mean_routed = 0;
+  for (int e : routed) mean_routed += double(e) / routed.size();
+  std::printf("\nper-kernel breakdown, %s (eager, events between kernels)", what.c_str());
+  if (!routed.empty()) std::printf(", %.1f of %d experts routed a layer", mean_routed, r.config().num_experts);
+  std::printf(":\n| kernel | calls | ms | %% of step | MB | GB/s | %% copy BW |\n|---|---|---|---|---|---|---|\n");
   for (const auto& k : prof)
     std::printf("| %s | %d | %.3f | %.1f | %.1f | %.0f | %.0f |\n", k.name.c_str(), k.calls, k.ms, 100 * k.ms / total,
                 k.bytes / 1e6, k.bytes / (k.ms * 1e-3) / 1e9, 100 * k.bytes / (k.ms * 1e-3) / 1e9 / copy_gbps);
   std::printf("| total | | %.3f | 100 | %.1f | %.0f | %.0f |\n", total, bytes / 1e6, bytes / (total * 1e-3) / 1e9,
               100 * bytes / (total * 1e-3) / 1e9 / copy_gbps);
+}
+
+void print_breakdown(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth, double copy_gbps, int n) {
+  const std::vector<int32_t> toks(n, 1);
+  const SeqStep s = greedy_step(toks, depth, bt);
+  print_breakdown(r, hooks, std::span<const SeqStep>(&s, 1),
+                  "one " + std::to_string(n) + "-token step of one sequence at depth " + std::to_string(depth),
+                  copy_gbps);
 }
 
 // Graph replays of batch-1 decode steps with one kernel kind left out: the drop in step time is that
@@ -287,7 +298,13 @@ void run_bench(const BenchOptions& o) {
       if (o.depth > 0) prefill_row(tb, 0, o.depth, bts[size_t(b)], fill_chunk);
       first_tok[size_t(b)] = tb[size_t(o.depth)];
     }
-  struct Row { std::string test; int batch; Stat tps; double gbps = 0, pct = 0, bytes = 0; };
+  struct Row {
+    std::string test;
+    int batch;
+    Stat tps;
+    double gbps = 0, pct = 0, bytes = 0, experts = 0;  // experts: distinct a layer
+    bool experts_counted = false;                      // counted from the routing, else expected
+  };
   std::vector<Row> rows;
   for (int n : o.pp) {
     std::vector<double> v;
@@ -304,20 +321,23 @@ void run_bench(const BenchOptions& o) {
       std::vector<int32_t> tk(B);
       std::vector<SeqStep> steps(B);
       std::vector<SampleResult> out(B);
+      auto set_steps = [&](int t) {
+        for (int b = 0; b < B; ++b) {
+          steps[b].seq_id = b;
+          steps[b].tokens = std::span<const int32_t>(&tk[b], 1);
+          steps[b].start_pos = o.depth + t;
+          steps[b].block_table = bts[size_t(b)].full;
+          steps[b].sliding_table = bts[size_t(b)].sliding;
+          steps[b].sample = true;
+          steps[b].sampling.temperature = 0;
+          steps[b].rng_step = uint64_t(t);
+          steps[b].expect_next = t + 1 < n;  // as the server's engine says it (max_tokens)
+        }
+      };
       auto run_tg = [&] {
         for (int b = 0; b < B; ++b) tk[b] = first_tok[size_t(b)];
         for (int t = 0; t < n; ++t) {
-          for (int b = 0; b < B; ++b) {
-            steps[b].seq_id = b;
-            steps[b].tokens = std::span<const int32_t>(&tk[b], 1);
-            steps[b].start_pos = o.depth + t;
-            steps[b].block_table = bts[size_t(b)].full;
-            steps[b].sliding_table = bts[size_t(b)].sliding;
-            steps[b].sample = true;
-            steps[b].sampling.temperature = 0;
-            steps[b].rng_step = uint64_t(t);
-            steps[b].expect_next = t + 1 < n;  // as the server's engine says it (max_tokens)
-          }
+          set_steps(t);
           r->step(steps, out);
           for (int b = 0; b < B; ++b) tk[b] = out[b].token;
         }
@@ -333,6 +353,25 @@ void run_bench(const BenchOptions& o) {
       std::fprintf(stderr, "tg%d batch %d: %llu of %d steps were enqueued ahead (decode ahead)\n", n, B,
                    static_cast<unsigned long long>(r->decode_ahead_stats().used - used0), n * o.reps);
       Row row{"tg" + std::to_string(n), B, stat(v)};
+      // The experts this batch reads: counted from a profiled step at the test's last position where
+      // the step takes the prefill path (which routes on the device's grouped lists), else expected
+      // under uniform routing.
+      const DeviceShape shape = DeviceShape::of(r->config());
+      row.experts = expected_distinct_experts(shape, B);
+      if (B > 8) {
+        set_steps(n);  // tk holds each row's next token; rows own blocks up to depth + max_tg
+        std::vector<int32_t> keep = tk;
+        hooks.set_profiling(true);
+        r->step(steps, out);
+        hooks.set_profiling(false);
+        const std::vector<int> routed = hooks.last_routed_experts();
+        if (!routed.empty()) {
+          row.experts = 0;
+          for (int e : routed) row.experts += double(e) / routed.size();
+          row.experts_counted = true;
+        }
+        tk = keep;
+      }
       // KV read per token: every full layer reads the context, every sliding layer its window
       // (clone rows share one context, so theirs is an upper bound of what the GPU reads).
       const auto& c = r->config();
@@ -340,7 +379,7 @@ void run_bench(const BenchOptions& o) {
       double kv_bytes = 0;
       for (int l = 0; l < c.num_layers; ++l)
         kv_bytes += (window > 0 && c.layer_is_sliding[size_t(l)] ? std::min<double>(ctx, window) : ctx) * c.kv_dim() * 4;
-      row.bytes = decode_weight_bytes(DeviceShape::of(c), B) / B + kv_bytes;
+      row.bytes = step_weight_bytes(shape, row.experts * c.num_layers, B) / B + kv_bytes;
       row.gbps = row.bytes * row.tps.mean / 1e9;
       row.pct = 100.0 * row.gbps / copy_gbps;
       rows.push_back(row);
@@ -350,23 +389,41 @@ void run_bench(const BenchOptions& o) {
     print_breakdown(*r, hooks, bt0, o.depth, copy_gbps, 1);
     if (!o.no_graphs) print_graph_marginals(*r, hooks, bt0, o.depth);
     print_breakdown(*r, hooks, bt0, o.depth, copy_gbps, std::min(max_pp, eo.max_tokens_per_step));
+    for (int B : o.batch) {
+      if (B < 2) continue;
+      std::vector<SeqStep> steps(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) {
+        steps[size_t(b)] = greedy_step(std::span<const int32_t>(&first_tok[size_t(b)], 1), o.depth, bts[size_t(b)]);
+        steps[size_t(b)].seq_id = b;
+      }
+      print_breakdown(*r, hooks, steps,
+                      "one decode step of " + std::to_string(B) + (o.clone_rows ? " clone" : " distinct") +
+                          " rows at depth " + std::to_string(o.depth),
+                      copy_gbps);
+    }
   }
   if (!o.step_trace.empty()) write_step_trace(*r, hooks, bt0, o.depth, o.step_trace);
   if (o.json) {
     std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"rows\":\"%s\",\"results\":[",
                 model.c_str(), cuda_device_name().c_str(), o.depth, copy_gbps, o.clone_rows ? "clone" : "distinct");
     for (size_t i = 0; i < rows.size(); ++i)
-      std::printf("%s{\"test\":\"%s\",\"batch\":%d,\"tok_s\":%.2f,\"sd\":%.2f,\"bytes_per_token\":%.0f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f}",
+      std::printf("%s{\"test\":\"%s\",\"batch\":%d,\"tok_s\":%.2f,\"sd\":%.2f,\"bytes_per_token\":%.0f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f,"
+                  "\"experts_per_layer\":%.1f,\"experts_counted\":%s}",
                   i ? "," : "", rows[i].test.c_str(), rows[i].batch, rows[i].tps.mean, rows[i].tps.sd, rows[i].bytes,
-                  rows[i].gbps, rows[i].pct);
+                  rows[i].gbps, rows[i].pct, rows[i].experts, rows[i].experts_counted ? "true" : "false");
     std::printf("]}\n");
   } else {
     std::printf("model %s | GPU %s | depth %d | D2D copy bandwidth %.1f GB/s | reps %d | %s rows\n", model.c_str(),
                 cuda_device_name().c_str(), o.depth, copy_gbps, o.reps, o.clone_rows ? "clone" : "distinct");
-    std::printf("| test | batch | tok/s | MB/token | GB/s | %% copy BW |\n|---|---|---|---|---|---|\n");
-    for (auto& r2 : rows)
-      std::printf("| %s @ d%d | %d | %.1f ± %.1f | %.1f | %.0f | %.1f |\n", r2.test.c_str(), o.depth, r2.batch,
-                  r2.tps.mean, r2.tps.sd, r2.bytes / 1e6, r2.gbps, r2.pct);
+    std::printf("| test | batch | tok/s | experts/layer | MB/token | GB/s | %% copy BW |\n|---|---|---|---|---|---|---|\n");
+    for (auto& r2 : rows) {
+      char ex[32] = "";
+      if (r2.test[0] == 't') std::snprintf(ex, sizeof ex, "%s%.1f", r2.experts_counted ? "" : "~", r2.experts);
+      std::printf("| %s @ d%d | %d | %.1f ± %.1f | %s | %.1f | %.0f | %.1f |\n", r2.test.c_str(), o.depth, r2.batch,
+                  r2.tps.mean, r2.tps.sd, ex, r2.bytes / 1e6, r2.gbps, r2.pct);
+    }
+    std::printf("experts/layer: distinct experts a layer, counted from one step's routing (~: expected under uniform "
+                "routing, steps of up to 8 tokens)\n");
   }
 }
 #endif

@@ -38,6 +38,9 @@ struct AttnDecodeParams {
   // Query heads per CTA (8, 4, 2 or 1): fewer shorten each CTA's chain of dependent math
   // (attention_decode_body.cuh); see attention_decode_heads_per_cta.
   int heads_per_cta = 8;
+  // attention_decode_mma only: the grid's key splits a query, 0 = kAttnMmaSplits. A caller that knows
+  // every query's keys may pass the most attention_decode_mma_splits gives, so no CTA launches idle.
+  int splits = 0;
   // True when each query's own key is the only one the kernel before wrote (one token per sequence
   // in the step): the older keys are then read before pdl_wait.
   bool kv_stable = false;
@@ -71,6 +74,16 @@ constexpr size_t kAttnMmaPartialWords = 2 * kAttnDecodeGroup + kAttnDecodeGroup 
 constexpr size_t kAttnMmaRecordWords = kAttnMmaSplits * kAttnMmaPartialWords + 2;
 inline size_t attention_decode_mma_scratch_words(int M, int Hkv) { return size_t(M) * Hkv * kAttnMmaRecordWords; }
 constexpr int attention_decode_mma_max_keys() { return kAttnMmaSplits * kAttnMmaKeys; }
+constexpr int kAttnMmaMinKeysPerSplit = 64;  // short contexts take fewer splits
+// A query over `keys` keys: keys a split (whole 32-key chunks) and splits (at most kAttnMmaSplits).
+__host__ __device__ constexpr int attention_decode_mma_keys_per_split(int keys) {
+  const int even = ((keys + kAttnMmaSplits - 1) / kAttnMmaSplits + 31) / 32 * 32;
+  return even > kAttnMmaMinKeysPerSplit ? even : kAttnMmaMinKeysPerSplit;
+}
+__host__ __device__ constexpr int attention_decode_mma_splits(int keys) {
+  const int per = attention_decode_mma_keys_per_split(keys);
+  return (keys + per - 1) / per;
+}
 void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s);
 
 }  // namespace mx::cuda

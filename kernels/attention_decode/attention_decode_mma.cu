@@ -29,7 +29,6 @@ namespace {
 constexpr int D = 64, G = kAttnDecodeGroup, kWarps = 4, kThreads = 32 * kWarps, kChunk = 32;
 constexpr int kKeys = kAttnMmaKeys;  // key rows held at once (one pass)
 constexpr int kRow = D * 2;          // bytes of a key's K (or V) row of one KV head
-constexpr int kMinPer = 64;          // a split has at least this many keys (short contexts: fewer splits)
 constexpr size_t kSmem = size_t(2) * kKeys * kRow;
 static_assert(kKeys % kChunk == 0, "passes hold whole chunks");
 constexpr int kChunksPerWarp = (kKeys / kChunk + kWarps - 1) / kWarps;  // a warp's chunks in one pass
@@ -321,8 +320,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
   const int n = p.rows ? p.rows[qi] : qi;
   if (tid == 0) l2_prefetch_keep(p.sinks + kvh * G, G * 2);  // read by the merge
   const int pos = ld_keep(p.pos + n), lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
-  const int per = max(kMinPer, ((nk + kAttnMmaSplits - 1) / kAttnMmaSplits + kChunk - 1) / kChunk * kChunk);
-  const int nsplit = (nk + per - 1) / per;
+  const int per = attention_decode_mma_keys_per_split(nk), nsplit = (nk + per - 1) / per;
   // A split past the context leaves before the wait and is not counted by the ticket.
   if (split >= nsplit) {
     trace_end(p.trace, 1);
@@ -356,7 +354,8 @@ void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s) {
   once_per_device(ready, [] {
     MX_CUDA(cudaFuncSetAttribute(attn_decode_mma_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   });
-  launch_pdl(attn_decode_mma_k, dim3(p.Hkv, p.M, kAttnMmaSplits), dim3(kThreads), kSmem, s, p);
+  if (p.splits < 0 || p.splits > kAttnMmaSplits) throw_error("attention_decode_mma: splits out of range");
+  launch_pdl(attn_decode_mma_k, dim3(p.Hkv, p.M, p.splits ? p.splits : kAttnMmaSplits), dim3(kThreads), kSmem, s, p);
 }
 
 }  // namespace mx::cuda

@@ -74,22 +74,35 @@ __global__ void rope_kv_k(RopeKvParams p) {
   for (int t = threadIdx.x; t < p.Hkv * D; t += blockDim.x) p.kv.v_bf16()[crow + t] = to_bf(vv[t]);
 }
 
+// One warp per token: k rounds of a warp argmax over the row (lowest index on ties; a NaN never
+// wins, and a row of NaNs picks the lowest unused index). Lane 0 does the softmax in pick order.
 __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, int k) {
-  const int m = blockIdx.x * blockDim.x + threadIdx.x;
+  const int m = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (m >= M) return;
   const float* r = lg + size_t(m) * E;
   int sel[8];
   float val[8];
   for (int j = 0; j < k; ++j) {
-    int best = -1;
-    for (int e = 0; e < E; ++e) {
+    float bv = -INFINITY;
+    int bi = -1;
+    for (int e = lane; e < E; e += 32) {
       bool used = false;
       for (int t = 0; t < j; ++t) used |= sel[t] == e;
-      if (!used && (best < 0 || r[e] > r[best])) best = e;
+      const float v = r[e];
+      if (!used && (bi < 0 || v > bv || (bv != bv))) { bv = v; bi = e; }  // first candidate, or better
     }
-    sel[j] = best;
-    val[j] = r[best];
+    for (int o = 16; o; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      // a real value beats none and NaN; equal values: the lower index
+      const bool take = oi >= 0 && (bi < 0 || (bv != bv && ov == ov) || ov > bv || (ov == bv && oi < bi) ||
+                                    (bv != bv && ov != ov && oi < bi));
+      if (take) { bv = ov; bi = oi; }
+    }
+    sel[j] = bi;
+    val[j] = bv;
   }
+  if (lane) return;
   const float top = val[0];  // val[0] is overwritten below
   float z = 0.f;
   for (int j = 0; j < k; ++j) z += (val[j] = expf(val[j] - top));
@@ -199,7 +212,8 @@ void launch_rope_kv(const RopeKvParams& p, cudaStream_t s) {
   rope_kv_k<<<p.M, 256, 0, s>>>(p);
 }
 void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, int k, cudaStream_t s) {
-  topk_k<<<(M + 63) / 64, 64, 0, s>>>(lg, idx, w, M, E, k);
+  if (M <= 0) return;
+  topk_k<<<(M + 7) / 8, 256, 0, s>>>(lg, idx, w, M, E, k);
 }
 void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* tok, float* lp, float* scratch,
                            cudaStream_t s, const float* inv_temp, const uint64_t* key, int32_t* tok_dev) {

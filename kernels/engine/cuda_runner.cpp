@@ -55,7 +55,6 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt), cfg_(load_conf
   fo.flash_prefill_attention = opt.flash_prefill_attention;
   vocab_limit_ = opt.vocab_limit > 0 && opt.vocab_limit < cfg_.vocab_size ? opt.vocab_limit : cfg_.vocab_size;
   fo.vocab_limit = vocab_limit_;
-  fo.moe_max_tiles = plan_.moe_max_tiles;
   forward_ = std::make_unique<Forward>(model_, kv_, act_, fo, stream_, probe_);
   for (auto& e : done_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : copied_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -54,11 +54,14 @@ double expected_distinct_experts(const DeviceShape& s, int M) {
 }
 
 double decode_weight_bytes(const DeviceShape& s, int M) {
+  return step_weight_bytes(s, s.layers * expected_distinct_experts(s, M), M);
+}
+
+double step_weight_bytes(const DeviceShape& s, double experts_read, int M) {
   const LayerSizes ls(s);
   const double expert = double(ls.expert_bytes()) / s.E;
   const double dense = double(ls.total()) - double(ls.expert_bytes());
-  return s.layers * (dense + expected_distinct_experts(s, M) * expert) + double(s.V) * s.H * 2 +
-         double(s.H) * 2 * M;
+  return s.layers * dense + experts_read * expert + double(s.V) * s.H * 2 + double(s.H) * 2 * M;
 }
 
 DeviceModel::DeviceModel(const ModelConfig& c) : cfg(c), shape(DeviceShape::of(c)) {}

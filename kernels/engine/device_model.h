@@ -50,6 +50,8 @@ struct LayerSizes {
 // step of M tokens reads with it (dense + those experts + lm_head + embedding rows).
 double expected_distinct_experts(const DeviceShape& s, int M);
 double decode_weight_bytes(const DeviceShape& s, int M);
+// The same with the experts counted: `experts_read` distinct experts summed over the layers.
+double step_weight_bytes(const DeviceShape& s, double experts_read, int M);
 
 class DeviceModel {
  public:

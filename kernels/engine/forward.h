@@ -36,7 +36,6 @@ struct ForwardOptions {
   int decode_step_min_tokens = 6;       // CudaEngineOptions
   bool flash_prefill_attention = true;  // CudaEngineOptions
   int vocab_limit = 0;                  // ids >= this are never picked
-  int moe_max_tiles = 0;                // MemoryPlan: the grouped MoE's tile bound
 };
 
 class Forward {
@@ -69,6 +68,9 @@ class Forward {
   void o_proj(const DecodeRows& r, int l, float* x_next);
   void router(const DecodeRows& r, int l, float* x_next);
   void experts(const DecodeRows& r, int l, float* x_next);
+  struct DecodeRowSplits { int full = 0, sliding = 0; };
+  DecodeRowSplits decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs, int n_decode) const;
+  double kv_bytes_read(const StepView& st, const std::vector<SeqRows>& seqs, int l) const;
   void final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
   // Tensor-parallel reduce points (see the top of this file).
   void reduce_after_attention(int layer) { (void)layer; }

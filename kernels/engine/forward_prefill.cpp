@@ -16,13 +16,18 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
   const StepMeta& m = *st.dev;
   const int H = d.H, E = d.E, I = d.I, k = d.top_k, QKV = d.qkv_dim();
   cudaStream_t s = stream_;
-  // Profile marks carry no byte counts here: prefill is compute-bound.
+  const LayerSizes& ls = sizes_;
+  // Profile marks count weight and KV bytes (wide decode steps are bandwidth-bound); the experts'
+  // bytes are those of the experts each layer routed to (Probe::record_routing).
   auto gemm = [&](const uint16_t* x, const uint16_t* w, const uint16_t* b, void* y, int N, int K, bool acc) {
     cuda::GemmBf16Params g;
     g.x = x; g.w = w; g.bias = b; g.y = y; g.M = M; g.N = N; g.K = K; g.y_f32 = true; g.accumulate = acc;
     cuda::gemm_bf16(gemm_, g, s);
   };
 
+  // The MoE's tiles for this step's M (the grids stay as small as the step allows).
+  const int tile_rows = cuda::moe_prefill_tile_rows(M, k, E), tiles = cuda::moe_prefill_max_tiles(M, k, E);
+  const DecodeRowSplits mma_splits = decode_row_splits(st, seqs, n_decode);
   cuda::launch_embed_bf16(model_.embed, m.tok, a.xa, M, H, s);
   mark("embed", 0);
   for (int l = 0; l < d.layers; ++l) {
@@ -32,7 +37,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.attn_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("attn_norm", 0);
     gemm(a.xn, L.qkv_w, L.qkv_b, a.qkv, QKV, H, false);
-    mark("qkv_gemm", 0);
+    mark("qkv_gemm", double(ls.qkv_w));
     cuda::launch_rope_kv({a.qkv, m.pos, sw ? m.slot_sw : m.slot, a.inv_freq, concentration_, kv, a.qbf, M, d.Hq,
                           d.Hkv, d.D}, s);
     mark("rope_kv", 0);
@@ -52,44 +57,86 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
       p.q = a.qkv; p.q_stride = QKV; p.rows = m.decode_rows;
       p.kv = kv; p.pos = m.pos; p.bt_off = sw ? m.bt_off_sw : m.bt_off; p.block_tables = m.bt;
       p.sinks = L.sinks; p.out = a.attn; p.partials = a.attn_part; p.tickets = a.tickets;
+      p.mma_partials = a.attn_mma_part;
       p.M = n_decode; p.Hq = d.Hq; p.Hkv = d.Hkv; p.D = d.D; p.window = model_.window(l);
-      p.heads_per_cta = cuda::attention_decode_heads_per_cta(p.window);
-      cuda::attention_decode(p, s);
+      // Many single-token rows: the tensor-core kernel, all 8 heads of a KV head per CTA, with only
+      // the splits the longest context needs (sliding layers: 1 or 2).
+      const int splits = sw ? mma_splits.sliding : mma_splits.full;
+      if (splits > 0) {
+        p.splits = splits;
+        cuda::attention_decode_mma(p, s);
+      } else {
+        p.heads_per_cta = cuda::attention_decode_heads_per_cta(p.window);
+        cuda::attention_decode(p, s);
+      }
     }
-    mark("attention", 0);
+    if (probe_.profiling) mark(sw ? "attention_sliding" : "attention_full", kv_bytes_read(st, seqs, l));
     gemm(a.attn, L.o_w, L.o_b, a.xa, H, d.q_dim(), true);
-    mark("o_gemm_residual", 0);
+    mark("o_gemm_residual", double(ls.o_w));
     reduce_after_attention(l);
     cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.mlp_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("mlp_norm", 0);
     gemm(a.xn, L.router_w, L.router_b, a.router, E, H, false);
     cuda::launch_topk_softmax(a.router, a.eidx, a.ew, M, E, k, s);
-    mark("router_topk", 0);
+    mark("router_topk", double(ls.router_w));
 
     cuda::MoeRouteParams r;
     r.topk_idx = a.eidx; r.topk_w = a.ew; r.T = M; r.k = k; r.E = E;
     r.counts = a.moe_counts; r.offsets = a.moe_offsets; r.sorted_tok = a.moe_sorted_tok;
     r.sorted_slot = a.moe_sorted_slot; r.sorted_w = a.moe_sorted_w; r.tile_expert = a.moe_tile_expert;
-    r.tile_row0 = a.moe_tile_row0; r.num_tiles = a.moe_num_tiles; r.max_tiles = opt_.moe_max_tiles;
+    r.tile_row0 = a.moe_tile_row0; r.num_tiles = a.moe_num_tiles; r.max_tiles = tiles; r.tile_rows = tile_rows;
     cuda::moe_route_prefill(r, s);
+    probe_.record_routing(a.moe_counts, E, l, s);
+    mark("moe_route", 0);
     cuda::MoeGemmPrefillParams g;
     g.sorted_tok = a.moe_sorted_tok; g.sorted_slot = a.moe_sorted_slot; g.sorted_w = a.moe_sorted_w;
     g.offsets = a.moe_offsets; g.tile_expert = a.moe_tile_expert; g.tile_row0 = a.moe_tile_row0;
-    g.num_tiles = a.moe_num_tiles; g.max_tiles = opt_.moe_max_tiles;
+    g.num_tiles = a.moe_num_tiles; g.max_tiles = tiles; g.tile_rows = tile_rows;
     g.alpha = c.swiglu_alpha; g.limit = c.swiglu_limit;
     g.blocks = L.up_blocks; g.scales = L.up_scales; g.bias = L.up_bias; g.x = a.xn; g.act = a.act_bf;
     g.N = 2 * I; g.K = H;
     cuda::moe_fc1_prefill(g, s);
-    mark("moe_fc1_prefill", 0);
+    probe_.mark_experts("moe_fc1_prefill", double(ls.up_blocks + ls.up_scales + ls.up_bias) / E, l, s);
     g.blocks = L.down_blocks; g.scales = L.down_scales; g.bias = L.down_bias; g.x = a.act_bf; g.y_slot = a.ysl;
     g.N = H; g.K = I;
     cuda::moe_fc2_prefill(g, s);
-    mark("moe_fc2_prefill", 0);
+    probe_.mark_experts("moe_fc2_prefill", double(ls.down_blocks + ls.down_scales + ls.down_bias) / E, l, s);
     cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s);
     mark("moe_combine", 0);
     reduce_after_experts(l);
   }
   if (S > 0) final_logits(st, a.xa, nullptr, m.srow, 0, S);
+}
+
+// The tensor-core decode attention serves a prefill step's single-token rows (flash prefill on: the
+// rows are one a sequence, as many as the scratch holds) when every full-layer context fits its one
+// pass; the splits are the most any of those rows uses (0: the register kernel).
+Forward::DecodeRowSplits Forward::decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs,
+                                                    int n_decode) const {
+  DecodeRowSplits r;
+  if (!mma_attention_ || !opt_.flash_prefill_attention || n_decode == 0) return r;
+  const int window = model_.cfg.sliding_window;
+  for (const SeqRows& q : seqs) {
+    if (q.n != 1) continue;
+    const int keys = st.host->pos[q.row] + 1;
+    r.full = std::max(r.full, cuda::attention_decode_mma_splits(keys));
+    if (window > 0) r.sliding = std::max(r.sliding, cuda::attention_decode_mma_splits(std::min(keys, window)));
+  }
+  if (st.attn_long) r.full = 0;  // a context past one pass: the register kernel's 32 splits
+  return r;
+}
+
+// K and V bytes layer l's attention reads in this step: each sequence its context (its window on a
+// sliding layer) up to its last token.
+double Forward::kv_bytes_read(const StepView& st, const std::vector<SeqRows>& seqs, int l) const {
+  const int window = model_.window(l);
+  const double row = double(kv_.spec.row_bytes()) * 2;
+  double b = 0;
+  for (const SeqRows& q : seqs) {
+    const int end = st.host->pos[q.row + q.n - 1] + 1;
+    b += double(window ? std::min(end, window + q.n - 1) : end) * row;
+  }
+  return b;
 }
 
 }  // namespace mx

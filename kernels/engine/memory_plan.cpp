@@ -27,7 +27,7 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   p.S = std::max(opt.max_num_seqs, cuda::kDecodeMaxTokens);
   const size_t T = size_t(p.T), S = size_t(p.S), H = size_t(d.H), V = size_t(d.V), E = size_t(d.E),
                I = size_t(d.I), k = size_t(d.top_k);
-  p.moe_max_tiles = cuda::moe_prefill_max_tiles(p.T, d.top_k, d.E);
+  p.moe_max_tiles = cuda::moe_prefill_tile_bound(p.T, d.top_k, d.E);
   // Decode attention runs on at most 8 tokens (decode path) or on the single-token rows of a prefill
   // step (at most one per sequence); only the flash-off cross-check sends it every prompt row.
   p.attn_rows = opt.flash_prefill_attention ? p.S : p.T;
@@ -41,7 +41,7 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
       T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,                // moe routing, argmax
       cuda::decode_step_counter_words(d.layers) * 4, size_t(d.layers) * sizeof(cuda::DecodeStepLayer),
       size_t(d.layers) * E * 8, size_t(cuda::oproj_router_tiles(d.H)) * 4,
-      cuda::attention_decode_mma_scratch_words(cuda::kDecodeMaxTokens, d.Hkv) * 8, S * 4};
+      cuda::attention_decode_mma_scratch_words(std::max(cuda::kDecodeMaxTokens, p.S), d.Hkv) * 8, S * 4};
   for (size_t b : p.activation_sizes) p.activation_bytes += align256(b);
 
   const std::vector<int> kv_array = c.kv_array_of_layers();

@@ -28,7 +28,7 @@ struct Activations {
   cuda::DecodeStepLayer* step_layers;    // its per-layer pointers
   long long* route_acc;                  // one-token router sums [layers][E] (OProjRouterParams)
   float* ss_part;                        // and the sums of squares of the current layer
-  unsigned long long* attn_mma_part;     // attention_decode_mma's tagged partials (decode path)
+  unsigned long long* attn_mma_part;     // attention_decode_mma's tagged partials (max(8, S) rows)
   int32_t* picked;                       // [S] the last step's picks on the device (decode ahead's input)
 };
 

@@ -42,7 +42,12 @@ class Probe {
   // Profiled steps run eagerly with an event after every kernel.
   void begin_step(cudaStream_t s);
   void mark(const char* name, double bytes, cudaStream_t s);
-  std::vector<KernelProfile> collect() const;  // after the step's event has fired
+  // The grouped MoE's per-expert row counts of one layer, copied aside (profiled steps), and a mark
+  // whose bytes are bytes_per_expert times the experts that layer routed to.
+  void record_routing(const int32_t* counts, int num_experts, int layer, cudaStream_t s);
+  void mark_experts(const char* name, double bytes_per_expert, int layer, cudaStream_t s);
+  // After the step's event has fired: the profile, and routed_experts from the recorded counts.
+  std::vector<KernelProfile> collect();
 
   // Traces: the persistent step's items (kind 0) or the per-op kernels' CTA records (kind 2), in one
   // device buffer of `trace_words` words plus the per-op cursor after it.
@@ -57,10 +62,14 @@ class Probe {
   size_t trace_words = 0, trace_items = 0;
   int trace_kind = 0;
   std::vector<KernelProfile> profile;  // of the last profiled step
+  std::vector<int> routed_experts;     // distinct experts per layer of the last profiled step (prefill path)
 
  private:
+  struct Mark { const char* name; double bytes; int layer; };  // layer >= 0: bytes are per routed expert
   std::vector<cudaEvent_t> events_;
-  std::vector<std::pair<const char*, double>> marks_;
+  std::vector<Mark> marks_;
+  int32_t* routed_ = nullptr;  // [kMaxRoutedLayers][kMaxRoutedExperts] counts
+  int routed_layers_ = 0, routed_e_ = 0;
 };
 
 }  // namespace mx

@@ -9,7 +9,6 @@
 
 namespace mx::cuda {
 namespace {
-constexpr int TM = kMoePrefillTileM;
 using mma::e8m0_mult;
 using mma::mma_16816;
 
@@ -42,7 +41,7 @@ __global__ void route_scatter_kernel(MoeRouteParams p) {
     if (e == 0) {  // tile list over all experts (E is small)
       int n = 0, o = 0;
       for (int x = 0; x < p.E; ++x) {
-        for (int r = 0; r < p.counts[x] && n < p.max_tiles; r += TM) { p.tile_expert[n] = x; p.tile_row0[n] = o + r; ++n; }
+        for (int r = 0; r < p.counts[x] && n < p.max_tiles; r += p.tile_rows) { p.tile_expert[n] = x; p.tile_row0[n] = o + r; ++n; }
         o += p.counts[x];
       }
       *p.num_tiles = n;
@@ -71,19 +70,28 @@ __global__ void route_scatter_kernel(MoeRouteParams p) {
 }
 
 // ---- grouped GEMM: mma.sync m16n8k16 with the weights as the 16-row A operand ("swap AB") ----
-// CTA = 6 warps = 192 weight rows x 64 sorted rows (one expert tile); each warp owns 32 weight rows
-// (two m16 tiles) against all 64 token columns, so every MXFP4 byte is dequantized once per CTA, in
-// registers. K advances 64 values (two MXFP4 groups = 32 contiguous bytes per weight row) per
-// stage through a 4-stage cp.async pipeline; the E8M0 scales of the whole tile are loaded up front.
+// CTA = 6 warps = 192 weight rows x one expert tile of kTok sorted rows; each warp owns 32 weight rows
+// (two m16 tiles) against all the tile's token columns, so every MXFP4 byte is dequantized once per
+// CTA, in registers. K advances kStep values (kStep / 32 MXFP4 groups, kStep / 2 contiguous bytes per
+// weight row) per stage through a kStages-deep cp.async pipeline; the E8M0 scales of the whole slab
+// (192 rows, contiguous in memory) arrive with the first stage.
 // A fragment rows g / g+8 of m16 tile i are weight rows 16i + 2g and 16i + 2g + 1: for FC1 that is
 // the gate / linear pair of one SwiGLU output, so the activation is computed in registers.
-constexpr int kWarps = 6, kThreads = 32 * kWarps, kRowsW = 32 * kWarps, kTokens = kMoePrefillTileM;
-constexpr int kStep = 64, kStages = 4, kTokLd = kStep + 8;  // 144-byte token rows: ldmatrix conflict-free
+// Two shapes: prefill tiles (64 rows, 64-value steps) and sparse tiles (16 rows, 128-value steps: with
+// few tokens the step is all weight streaming, and longer runs per row keep more bytes in flight).
+// A last step past K loads and multiplies only the groups within K.
+constexpr int kWarps = 6, kThreads = 32 * kWarps, kRowsW = 32 * kWarps;
 
-__host__ __device__ constexpr int scale_ld(int G) { return (G + 3) & ~3; }
-size_t mma_smem_bytes(int K) {
-  return size_t(kStages) * 2 * kRowsW * 16 + size_t(kStages) * kTokens * kTokLd * 2 + size_t(kRowsW) * scale_ld(K / 32);
-}
+template <int kTok_, int kStep_, int kStages_>
+struct MoeShape {
+  static constexpr int kTok = kTok_, kStep = kStep_, kStages = kStages_;
+  static constexpr int kGroups = kStep / 32;  // MXFP4 groups a stage
+  static constexpr int kTokLd = kStep + 8;    // token rows of 16 * odd bytes: ldmatrix conflict-free
+  static constexpr size_t kWStage = size_t(kGroups) * kRowsW * 16, kXStage = size_t(kTok) * kTokLd * 2;
+  static size_t smem_bytes(int K) { return kStages * (kWStage + kXStage) + ((size_t(kRowsW) * (K / 32) + 15) & ~size_t(15)); }
+};
+using PrefillShape = MoeShape<kMoeTileRowsPrefill, 64, 4>;
+using SparseShape = MoeShape<kMoeTileRowsSparse, 192, 3>;  // 2880 = 15 steps of 192
 
 // Byte t of w (two E2M1 values, low nibble first) -> bf16x2, times 2^(scale - 127). The nibble bits
 // land on the bf16 exponent/mantissa so the value comes out times 2^-126 (mma::fp4_lo), and `mult`
@@ -99,60 +107,77 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t sel, uint32_t 
 // the eight rows a fragment load touches (all even or all odd) over all 32 banks.
 __device__ __forceinline__ int wslot(int r) { return r ^ ((r >> 3) & 1); }
 
-template <bool kFc1>
+template <bool kFc1, class Sh>
 __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p) {
+  constexpr int kTok = Sh::kTok, kStep = Sh::kStep, kStages = Sh::kStages, kGroups = Sh::kGroups, kTokLd = Sh::kTokLd;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tile = blockIdx.x;
   if (tile >= *p.num_tiles) return;
   const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-  const int rows = min(kTokens, p.offsets[e + 1] - row0);
-  const int n0 = blockIdx.y * kRowsW, G = p.K / 32, Gs = scale_ld(G), nsteps = p.K / kStep;
-  uint8_t* wsm = smem;                                                         // [stage][2][kRowsW][16]
-  uint16_t* xsm = reinterpret_cast<uint16_t*>(smem + kStages * 2 * kRowsW * 16);  // [stage][kTokens][kTokLd]
-  uint8_t* ssm = smem + kStages * 2 * kRowsW * 16 + kStages * kTokens * kTokLd * 2;  // [kRowsW][Gs]
+  const int rows = min(kTok, p.offsets[e + 1] - row0);
+  const int n0 = blockIdx.y * kRowsW, G = p.K / 32, nsteps = (G + kGroups - 1) / kGroups;
+  uint8_t* wsm = smem;                                                          // [stage][group][kRowsW][16]
+  uint16_t* xsm = reinterpret_cast<uint16_t*>(smem + kStages * Sh::kWStage);    // [stage][kTok][kTokLd]
+  uint8_t* ssm = smem + kStages * (Sh::kWStage + Sh::kXStage);                  // [kRowsW][G]
   const int tid = threadIdx.x;
   const uint8_t* wbase = p.blocks + size_t(e) * p.N * G * 16;
 
-  // Per-thread copy assignments (fixed over K): 2 weight chunks, up to 3 token chunks.
-  const uint8_t* wsrc[2];
-  int wdst[2];
-  for (int i = 0; i < 2; ++i) {
-    const int c = tid + i * kThreads, r = c >> 1, q = c & 1;
+  // Per-thread copy assignments (fixed over K): kGroups weight chunks (a row's run of kStep / 2
+  // bytes goes to kGroups adjacent threads), the token chunks of the tile's rows.
+  const uint8_t* wsrc[kGroups];
+  int wdst[kGroups], wq[kGroups];
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    const int c = tid + i * kThreads, r = c / kGroups, q = c % kGroups;
     wsrc[i] = wbase + (size_t(min(n0 + r, p.N - 1)) * G + q) * 16;
     wdst[i] = (q * kRowsW + wslot(r)) * 16;
+    wq[i] = q;
   }
-  constexpr int kXChunks = kTokens * kStep / 8, kXPer = (kXChunks + kThreads - 1) / kThreads;
+  // Only the tile's rows are copied: a sparse tile would otherwise move more token bytes than weight
+  // bytes. Rows past `rows` hold stale values; they feed only accumulator columns never written.
+  constexpr int kRowChunks = kStep / 8, kXChunks = kTok * kRowChunks, kXPer = (kXChunks + kThreads - 1) / kThreads;
   const uint16_t* xsrc[kXPer];
-  int xdst[kXPer];
+  int xdst[kXPer], xq[kXPer];
+#pragma unroll
   for (int i = 0; i < kXPer; ++i) {
-    const int c = tid + i * kThreads, r = min(c >> 3, rows - 1), ch = c & 7;
-    const int src_row = kFc1 ? p.sorted_tok[row0 + r] : row0 + r;
-    xsrc[i] = c < kXChunks ? p.x + size_t(src_row) * p.K + ch * 8 : nullptr;
-    xdst[i] = (c >> 3) * kTokLd + ch * 8;
+    const int c = tid + i * kThreads, r = c / kRowChunks, ch = c % kRowChunks;
+    const bool valid = c < kXChunks && r < rows;
+    const int src_row = !valid ? 0 : kFc1 ? p.sorted_tok[row0 + r] : row0 + r;
+    xsrc[i] = valid ? p.x + size_t(src_row) * p.K + ch * 8 : nullptr;
+    xdst[i] = r * kTokLd + ch * 8;
+    xq[i] = ch / 4;  // the MXFP4 group of the chunk
   }
   auto load_stage = [&](int ks, int st) {
-    for (int i = 0; i < 2; ++i) cp_async16(wsm + st * 2 * kRowsW * 16 + wdst[i], wsrc[i] + ks * 32);
+    const int groups = G - ks * kGroups;  // >= kGroups except in a last partial step
+#pragma unroll
+    for (int i = 0; i < kGroups; ++i)
+      if (wq[i] < groups) cp_async16(wsm + st * Sh::kWStage + wdst[i], wsrc[i] + ks * (kStep / 2));
+#pragma unroll
     for (int i = 0; i < kXPer; ++i)
-      if (xsrc[i]) cp_async16(xsm + st * kTokens * kTokLd + xdst[i], xsrc[i] + ks * kStep);
+      if (xsrc[i] && xq[i] < groups) cp_async16(xsm + st * (Sh::kXStage / 2) + xdst[i], xsrc[i] + ks * kStep);
   };
+  {  // the slab's scales, kRowsW rows of G bytes contiguous in memory, in the first stage's group
+    const uint8_t* sc = p.scales + (size_t(e) * p.N + n0) * G;
+    const int bytes = min(kRowsW, p.N - n0) * G;  // rows past N keep stale scales: their outputs are dropped
+    if ((reinterpret_cast<uintptr_t>(sc) & 15) == 0 && bytes % 16 == 0)
+      for (int i = tid * 16; i < bytes; i += kThreads * 16) cp_async16(ssm + i, sc + i);
+    else  // G is even, so rows start on 2 bytes; other shapes (tests) take the slow path
+      for (int i = tid; i < bytes; i += kThreads) ssm[i] = sc[i];
+  }
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < nsteps) load_stage(s, s);
     cp_async_commit();
   }
-  {  // the tile's scales: kRowsW rows of G bytes, contiguous in global memory
-    const uint8_t* sc = p.scales + (size_t(e) * p.N + n0) * G;
-    const int valid = min(kRowsW, p.N - n0) * G;
-    for (int i = tid; i < kRowsW * G; i += kThreads) ssm[(i / G) * Gs + i % G] = i < valid ? sc[i] : 127;
-  }
 
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const uint32_t sel = uint32_t(t) | (uint32_t(t + 4) << 8);
+  constexpr int kN8 = kTok / 8;
   const int ntv = (rows + 7) >> 3;  // n8 token tiles holding valid rows (warp-uniform)
-  float acc[2][8][4];
+  float acc[2][kN8][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+    for (int j = 0; j < kN8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
   // ldmatrix.x4 lane roles: matrix lane/8 = (token tile +0/+1, k chunk +0/+1), row lane%8.
   const int lm_tok = ((lane >> 4) << 3) + (lane & 7), lm_chunk = (lane >> 3) & 1;
   int ra[2];
@@ -164,24 +189,25 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
     if (ks + kStages - 1 < nsteps) load_stage(ks + kStages - 1, (ks + kStages - 1) % kStages);
     cp_async_commit();
     const int st = ks % kStages;
-    const uint8_t* wst = wsm + st * 2 * kRowsW * 16;
-    const uint16_t* xst = xsm + st * kTokens * kTokLd;
+    const uint8_t* wst = wsm + st * Sh::kWStage;
+    const uint16_t* xst = xsm + st * (Sh::kXStage / 2);
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+    for (int q = 0; q < kGroups; ++q) {
+      if (ks * kGroups + q >= G) break;  // a last partial step (uniform)
       uint4 wa[2], wb[2];
       uint32_t ma[2], mb[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         wa[i] = *reinterpret_cast<const uint4*>(wst + (q * kRowsW + wslot(ra[i])) * 16);
         wb[i] = *reinterpret_cast<const uint4*>(wst + (q * kRowsW + wslot(ra[i] + 1)) * 16);
-        ma[i] = e8m0_mult(ssm[ra[i] * Gs + 2 * ks + q]);
-        mb[i] = e8m0_mult(ssm[(ra[i] + 1) * Gs + 2 * ks + q]);
+        ma[i] = e8m0_mult(ssm[ra[i] * G + kGroups * ks + q]);
+        mb[i] = e8m0_mult(ssm[(ra[i] + 1) * G + kGroups * ks + q]);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // k16 half of the group: 8-value chunks 2h, 2h+1
-        uint32_t b[8][2];
+        uint32_t b[kN8][2];
 #pragma unroll
-        for (int jp = 0; jp < 4; ++jp)
+        for (int jp = 0; jp < kN8 / 2; ++jp)
           if (2 * jp < ntv)
             ldmatrix_x4(b[2 * jp][0], b[2 * jp][1], b[2 * jp + 1][0], b[2 * jp + 1][1],
                         xst + (16 * jp + lm_tok) * kTokLd + q * 32 + (2 * h + lm_chunk) * 8);
@@ -192,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
           const uint32_t a0 = fp4_pair(wa0, sel, ma[i]), a1 = fp4_pair(wb0, sel, mb[i]);
           const uint32_t a2 = fp4_pair(wa1, sel, ma[i]), a3 = fp4_pair(wb1, sel, mb[i]);
 #pragma unroll
-          for (int j = 0; j < 8; ++j)
+          for (int j = 0; j < kN8; ++j)
             if (j < ntv) mma_16816(acc[i][j], a0, a1, a2, a3, b[j][0], b[j][1]);
         }
       }
@@ -208,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
     if (n >= p.N) continue;
     const float b0 = __bfloat162float(bias[n]), b1 = __bfloat162float(bias[n + 1]);
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < kN8; ++j)
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int r = 8 * j + 2 * t + u;
@@ -244,24 +270,32 @@ void moe_route_prefill(const MoeRouteParams& p, cudaStream_t s) {
 
 // Grid x walks the tile list (the tiles of one expert are adjacent, so they share the expert's
 // weights in L2); blocks past *num_tiles exit at once. Grid y: 192-row slices of the weights.
-template <bool kFc1>
+template <bool kFc1, class Sh>
 static void launch_moe_mma(const MoeGemmPrefillParams& p, cudaStream_t s) {
-  if (p.max_tiles <= 0) return;
-  if (p.K % kStep || p.N % 2) throw_error("moe prefill: K must be a multiple of 64 and N even");
-  const size_t smem = mma_smem_bytes(p.K);
+  const size_t smem = Sh::smem_bytes(p.K);
   // The opt-in belongs to the device: once per device, up to the device's limit (any K).
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [] {
     int dev = 0, most = 0;
     MX_CUDA(cudaGetDevice(&dev));
     MX_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    MX_CUDA(cudaFuncSetAttribute(moe_mma_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    MX_CUDA(cudaFuncSetAttribute(moe_mma_k<kFc1, Sh>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
   });
-  moe_mma_k<kFc1><<<dim3(p.max_tiles, (p.N + kRowsW - 1) / kRowsW), kThreads, smem, s>>>(p);
+  moe_mma_k<kFc1, Sh><<<dim3(p.max_tiles, (p.N + kRowsW - 1) / kRowsW), kThreads, smem, s>>>(p);
   MX_CUDA(cudaGetLastError());
 }
-void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe_mma<true>(p, s); }
-void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe_mma<false>(p, s); }
+
+template <bool kFc1>
+static void launch_moe(const MoeGemmPrefillParams& p, cudaStream_t s) {
+  if (p.max_tiles <= 0) return;
+  if (p.K % 64 || p.N % 2) throw_error("moe prefill: K must be a multiple of 64 and N even");
+  if (p.tile_rows == kMoeTileRowsSparse) launch_moe_mma<kFc1, SparseShape>(p, s);
+  else if (p.tile_rows == kMoeTileRowsPrefill) launch_moe_mma<kFc1, PrefillShape>(p, s);
+  else throw_error("moe prefill: tile_rows must be 16 or 64");
+}
+
+void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe<true>(p, s); }
+void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe<false>(p, s); }
 void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s) {
   if (T <= 0) return;
   moe_combine_kernel<<<T, 256, 0, s>>>(y_slot, resid, k, H);

@@ -1,6 +1,7 @@
 // Grouped MoE for prefill (many tokens) on MXFP4 experts.
 //  1. moe_route_prefill: top-k choices -> per-expert contiguous lists (deterministic counting sort:
-//     within an expert, entries keep (token, slot) order) + a tile list of (expert, row0) for 64-row tiles.
+//     within an expert, entries keep (token, slot) order) + a tile list of (expert, row0), tiles of
+//     64 rows (prefill) or 16 (wide decode steps: moe_prefill_tile_rows).
 //  2. moe_fc1_prefill: act[r] = SwiGLU(W1[e] . x[tok[r]] + b1[e]) for sorted rows r; bf16 tensor cores
 //     (mma.sync), MXFP4 dequantized in registers (weights are never expanded in memory). K % 64 == 0.
 //  3. moe_fc2_prefill: y_slot[slot[r]] = gate[r] * (W2[e] . act[r] + b2[e])   (fp32, one row per (token, slot))
@@ -12,10 +13,26 @@
 
 namespace mx::cuda {
 
-constexpr int kMoePrefillTileM = 64;
+// Sorted rows are cut into tiles of one expert. Prefill tiles hold 64 rows; a wide decode step gives most
+// experts a few rows, and there 16-row tiles stream the weights with far less token staging.
+constexpr int kMoeTileRowsPrefill = 64, kMoeTileRowsSparse = 16;
+constexpr int kMoeSparseRowsPerExpert = 16;  // the average rows an expert gets, up to which tiles are sparse
 
-// Scratch sizes for T tokens, k slots, E experts: the tile list holds at most T*k/64 + E tiles.
-inline int moe_prefill_max_tiles(int T, int k, int E) { return (T * k + kMoePrefillTileM - 1) / kMoePrefillTileM + E; }
+inline int moe_prefill_tile_rows(int T, int k, int E) {
+  return T * k <= kMoeSparseRowsPerExpert * E ? kMoeTileRowsSparse : kMoeTileRowsPrefill;
+}
+// Tiles of a T-token step: at most T*k/rows + E (each expert's last tile may be partial).
+inline int moe_prefill_max_tiles(int T, int k, int E) {
+  const int rows = moe_prefill_tile_rows(T, k, E);
+  return (T * k + rows - 1) / rows + E;
+}
+// The most tiles any step of up to T tokens has (the scratch the memory plan sizes).
+inline int moe_prefill_tile_bound(int T, int k, int E) {
+  const int sparse_rows = T * k < kMoeSparseRowsPerExpert * E ? T * k : kMoeSparseRowsPerExpert * E;
+  const int sparse = (sparse_rows + kMoeTileRowsSparse - 1) / kMoeTileRowsSparse + E;
+  const int dense = moe_prefill_max_tiles(T, k, E);
+  return sparse > dense ? sparse : dense;
+}
 
 struct MoeRouteParams {
   const int32_t* topk_idx = nullptr;  // [T, k] expert ids
@@ -31,6 +48,7 @@ struct MoeRouteParams {
   int32_t* tile_row0 = nullptr;  // [max_tiles] first sorted row of the tile
   int32_t* num_tiles = nullptr;  // [1]
   int max_tiles = 0;
+  int tile_rows = kMoeTileRowsPrefill;  // kMoeTileRowsPrefill or kMoeTileRowsSparse
 };
 void moe_route_prefill(const MoeRouteParams& p, cudaStream_t s);
 
@@ -47,6 +65,7 @@ struct MoeGemmPrefillParams {
   const int32_t* tile_row0 = nullptr;
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
+  int tile_rows = kMoeTileRowsPrefill;  // as the route's: picks the kernel's tile height
   uint16_t* act = nullptr;          // FC1 out: bf16 [T*k, N/2] (sorted rows)
   float* y_slot = nullptr;          // FC2 out: fp32 [T*k, N] indexed by slot
   int N = 0, K = 0;                 // FC1: N = 5760, K = 2880; FC2: N = 2880, K = 2880

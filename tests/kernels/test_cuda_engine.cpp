@@ -294,6 +294,19 @@ TEST(CudaRunner, MiniPrefillAndDecodeMatchCpuReference) {
   auto r = run_e2e("mini", 3, 40, 6, true, 1e-1, 9);
   EXPECT_EQ(r.agree, r.total);
 }
+// Wide decode steps: 16 sequences of mixed depths (prompts of 4..19 tokens, so some cross the 16-token
+// window), then steps of 16 single-token rows on the prefill path: the sparse MoE tiles and the
+// tensor-core attention over many rows; then the same steps with the register attention kernel for
+// every row (flash off). 1.5e-1: one of the 96 positions (seq 5, pos 9) reaches 0.12 with either
+// attention kernel (mini's random layers; an indexing error is far larger, at many positions).
+TEST(CudaRunner, MiniWideDecodeStepsMatchCpuReference) {
+  auto r = run_e2e("mini", 16, 4, 5, true, 1.5e-1, 9);
+  EXPECT_EQ(r.agree, r.total);
+}
+TEST(CudaRunner, MiniWideDecodeStepsRegisterAttentionMatchCpuReference) {
+  auto r = run_e2e("mini", 16, 4, 5, true, 1.5e-1, 9, false);
+  EXPECT_EQ(r.agree, r.total);
+}
 
 // The decode paths: six launches per layer, and the persistent step (one kernel, work items behind
 // ready counters).

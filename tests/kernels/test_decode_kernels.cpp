@@ -414,9 +414,12 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
   DevBuf<int32_t> dpos(positions), dbt(bt), dbo(bt_off), dtk(std::vector<int32_t>(size_t(M) * Hkv * G, 0));
   DevBuf<unsigned long long> dmma(std::vector<unsigned long long>(cuda::attention_decode_mma_scratch_words(M, Hkv), 0));
   // Every head grouping, with and without the older keys read before the wait (kv_stable: each query is
-  // its own sequence here), then the tensor-core kernel (D = 64); the second launch of each checks the
+  // its own sequence here), then the tensor-core kernel (D = 64) with all its splits and with only
+  // those the longest context uses (the engine's wide steps); the second launch of each checks the
   // tickets were reset.
-  const int runs = D == 64 ? 20 : 16;
+  int splits = 0;
+  for (int pos : positions) splits = std::max(splits, cuda::attention_decode_mma_splits(window ? std::min(pos + 1, window) : pos + 1));
+  const int runs = D == 64 ? 22 : 16;
   for (int run = 0; run < runs; ++run) {
     const bool mma = run >= 16;
     const int heads = mma ? 8 : 8 >> (run / 4);
@@ -430,6 +433,7 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     p.mma_partials = dmma.p;
     p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.kv.block_size = bs; p.window = window; p.heads_per_cta = heads;
     p.kv_stable = kv_stable;
+    p.splits = run >= 20 ? splits : 0;
     if (mma) cuda::attention_decode_mma(p, 0);
     else cuda::attention_decode(p, 0);
     auto out = dout.get();
@@ -466,5 +470,13 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
 TEST(AttentionDecode, FullAttentionShortAndLongContexts) { check_attention(64, 2, {0, 5, 130, 700, 2100, 5000}, 0, 10); }
 TEST(AttentionDecode, SlidingWindow) { check_attention(64, 1, {3, 127, 128, 129, 1000}, 128, 11); }
 TEST(AttentionDecode, HeadDim16) { check_attention(16, 1, {0, 9, 40}, 4, 12); }
+// A wide step's rows: many sequences of mixed depths in one launch.
+std::vector<int> mixed_depths(int n) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) v.push_back((i * 397 + 11) % 1900);
+  return v;
+}
+TEST(AttentionDecode, ManyRowsMixedDepths) { check_attention(64, 1, mixed_depths(37), 0, 13); }
+TEST(AttentionDecode, ManyRowsSlidingWindow) { check_attention(64, 1, mixed_depths(41), 128, 14); }
 
 }  // namespace

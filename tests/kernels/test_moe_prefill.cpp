@@ -37,7 +37,8 @@ std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
-struct Case { int T, E, H, I; bool skewed; };
+// tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64.
+struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; };
 
 class MoePrefill : public ::testing::TestWithParam<Case> {};
 
@@ -75,12 +76,18 @@ TEST_P(MoePrefill, MatchesReference) {
   moe_prefill_ref(b1.data(), s1.data(), bias1.data(), b2.data(), s2.data(), bias2.data(), x.data(), idx.data(),
                   w.data(), ref.data(), T, k, H, I, 1.702f, 7.0f);
 
-  const int max_tiles = moe_prefill_max_tiles(T, k, E);
+  const int tile_rows = c.tile_rows ? c.tile_rows : moe_prefill_tile_rows(T, k, E);
+  const int max_tiles = (T * k + tile_rows - 1) / tile_rows + E;
+  if (!c.tile_rows) {
+    EXPECT_EQ(max_tiles, moe_prefill_max_tiles(T, k, E));
+  }
+  EXPECT_LE(moe_prefill_max_tiles(T, k, E), moe_prefill_tile_bound(T, k, E));
   MoeRouteParams r;
   r.topk_idx = to_dev(idx); r.topk_w = to_dev(w); r.T = T; r.k = k; r.E = E;
   r.counts = dev<int32_t>(E); r.offsets = dev<int32_t>(E + 1); r.sorted_tok = dev<int32_t>(T * k);
   r.sorted_slot = dev<int32_t>(T * k); r.sorted_w = dev<float>(T * k); r.tile_expert = dev<int32_t>(max_tiles);
   r.tile_row0 = dev<int32_t>(max_tiles); r.num_tiles = dev<int32_t>(1); r.max_tiles = max_tiles;
+  r.tile_rows = tile_rows;
   moe_route_prefill(r, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   {  // routing is exact: stable per-expert order
@@ -93,10 +100,14 @@ TEST_P(MoePrefill, MatchesReference) {
     }
     EXPECT_EQ(off[E], T * k);
     EXPECT_EQ(slot, expect);
+    int tiles = 0;  // each expert's rows in tiles of tile_rows
+    for (int e = 0; e < E; ++e) tiles += (off[e + 1] - off[e] + tile_rows - 1) / tile_rows;
+    EXPECT_EQ(to_host(r.num_tiles, 1)[0], tiles);
   }
   MoeGemmPrefillParams f;
   f.sorted_tok = r.sorted_tok; f.sorted_slot = r.sorted_slot; f.sorted_w = r.sorted_w; f.offsets = r.offsets;
   f.tile_expert = r.tile_expert; f.tile_row0 = r.tile_row0; f.num_tiles = r.num_tiles; f.max_tiles = max_tiles;
+  f.tile_rows = tile_rows;
   f.blocks = to_dev(b1); f.scales = to_dev(s1); f.bias = to_dev(bias1); f.x = to_dev(x);
   f.act = dev<uint16_t>(size_t(T) * k * I); f.N = 2 * I; f.K = H;
   moe_fc1_prefill(f, nullptr);
@@ -129,11 +140,16 @@ TEST_P(MoePrefill, MatchesReference) {
 }
 
 // Small hidden sizes keep the CPU reference quick; 2880 checks the real K/N tiling with few tokens.
+// Both tile heights run every shape class: K not a multiple of the sparse tiles' 192-value step (256,
+// 128, 320: a partial last step), N not a multiple of the 192-row slab, tiles of 1..16 and 17+ rows.
 INSTANTIATE_TEST_SUITE_P(Shapes, MoePrefill,
                          ::testing::Values(Case{1, 16, 256, 256, false}, Case{7, 32, 256, 256, false},
                                            Case{65, 32, 256, 320, false}, Case{333, 128, 128, 128, false},
                                            Case{333, 128, 128, 128, true}, Case{123, 16, 256, 192, false},
-                                           Case{3, 8, 2880, 2880, false}));
+                                           Case{3, 8, 2880, 2880, false}, Case{65, 32, 256, 320, false, 16},
+                                           Case{333, 128, 128, 128, true, 16}, Case{123, 16, 256, 192, false, 16},
+                                           Case{37, 8, 384, 2880, false, 16}, Case{37, 8, 384, 2880, false, 64},
+                                           Case{9, 8, 2880, 2880, false, 16}));
 
 }  // namespace
 }  // namespace mx::cuda
