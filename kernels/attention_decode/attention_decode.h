@@ -41,6 +41,10 @@ struct AttnDecodeParams {
   // attention_decode_mma only: the grid's key splits a query, 0 = kAttnMmaSplits. A caller that knows
   // every query's keys may pass the most attention_decode_mma_splits gives, so no CTA launches idle.
   int splits = 0;
+  // attention_decode_mma only: key rows a pass holds (a multiple of 32, at least 32, at most
+  // kAttnMmaKeys; 0 = kAttnMmaKeys). Fewer rows need less shared memory, so more CTAs share an SM; a
+  // launch with it set is not overlapped by PDL and takes the SM's whole carveout.
+  int pass_keys = 0;
   // True when each query's own key is the only one the kernel before wrote (one token per sequence
   // in the step): the older keys are then read before pdl_wait.
   bool kv_stable = false;

@@ -27,12 +27,12 @@ namespace mx::cuda {
 namespace {
 
 constexpr int D = 64, G = kAttnDecodeGroup, kWarps = 4, kThreads = 32 * kWarps, kChunk = 32;
-constexpr int kKeys = kAttnMmaKeys;  // key rows held at once (one pass)
+constexpr int kKeys = kAttnMmaKeys;  // key rows held at once (one pass) at most
 constexpr int kRow = D * 2;          // bytes of a key's K (or V) row of one KV head
-constexpr size_t kSmem = size_t(2) * kKeys * kRow;
+constexpr size_t smem_bytes(int pass) { return size_t(2) * pass * kRow; }
 static_assert(kKeys % kChunk == 0, "passes hold whole chunks");
 constexpr int kChunksPerWarp = (kKeys / kChunk + kWarps - 1) / kWarps;  // a warp's chunks in one pass
-static_assert(size_t(kWarps) * G * D * 4 <= kSmem, "the warps' outputs reuse the K/V buffer");
+static_assert(size_t(kWarps) * G * D * 4 <= smem_bytes(kChunk), "the warps' outputs reuse the K/V buffer");
 
 // Byte offset of 16-byte piece c (dims 8c..8c+7) of smem row r: XOR-swizzled so the 8 rows an ldmatrix
 // reads for one piece column fall in 8 different bank groups.
@@ -76,8 +76,9 @@ __device__ __forceinline__ float word_value(unsigned long long w) { return __uin
 __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int kvh, int n, int pos, int begin,
                                                   int end, unsigned long long* rec, int split) {
   extern __shared__ __align__(128) uint8_t kv_smem[];
+  const int pass = p.pass_keys ? p.pass_keys : kKeys;
   uint8_t* ks = kv_smem;
-  uint8_t* vs = kv_smem + kKeys * kRow;
+  uint8_t* vs = kv_smem + pass * kRow;
   __shared__ int bts[kKeys + 1];
   __shared__ float wm[kWarps][G], wl[kWarps][G];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -102,7 +103,7 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
     }
     cp_async_commit();
   };
-  const int k1_first = min(end, begin + kKeys);
+  const int k1_first = min(end, begin + pass);
   const bool early = p.kv_stable;  // keys before pos are final: read them while the qkv kernel runs
   if (early) load_pass(begin, k1_first, pos);
   TracedPdlWait{p.trace.buf}();
@@ -143,8 +144,8 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
   float o[8][4];
 #pragma unroll
   for (int j = 0; j < 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  for (int k0 = begin; k0 < end; k0 += kKeys) {
-    const int k1 = min(end, k0 + kKeys);
+  for (int k0 = begin; k0 < end; k0 += pass) {
+    const int k1 = min(end, k0 + pass);
     if (k0 != begin) {  // long contexts: the next pass after the previous one's reads
       __syncthreads();
       load_pass(k0, k1, -1);
@@ -352,10 +353,17 @@ void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s) {
   if (!p.mma_partials) throw_error("attention_decode_mma: mma_partials (attention_decode_mma_scratch_words) not set");
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [] {
-    MX_CUDA(cudaFuncSetAttribute(attn_decode_mma_k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    MX_CUDA(cudaFuncSetAttribute(attn_decode_mma_k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(smem_bytes(kKeys))));
   });
   if (p.splits < 0 || p.splits > kAttnMmaSplits) throw_error("attention_decode_mma: splits out of range");
-  launch_pdl(attn_decode_mma_k, dim3(p.Hkv, p.M, p.splits ? p.splits : kAttnMmaSplits), dim3(kThreads), kSmem, s, p);
+  if (p.pass_keys && (p.pass_keys < kChunk || p.pass_keys > kKeys || p.pass_keys % kChunk))
+    throw_error("attention_decode_mma: pass_keys must be a multiple of 32 in [32, " + std::to_string(kKeys) + "]");
+  const dim3 grid(p.Hkv, p.M, p.splits ? p.splits : kAttnMmaSplits);
+  if (p.pass_keys)
+    launch_pdl_carveout(100, attn_decode_mma_k, grid, dim3(kThreads), smem_bytes(p.pass_keys), s, p);
+  else
+    launch_pdl(attn_decode_mma_k, grid, dim3(kThreads), smem_bytes(kKeys), s, p);
 }
 
 }  // namespace mx::cuda

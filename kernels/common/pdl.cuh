@@ -37,8 +37,10 @@ struct PdlWait {
 // costs the L1-resident weight streams nothing (docs/perf.md).
 constexpr int kPdlSmemCarveoutPercent = 50;
 
+// A launch that another kernel does not overlap may ask for more (percent of the SM's maximum).
 template <class... KArgs, class... Args>
-void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+void launch_pdl_carveout(int carveout_percent, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -48,10 +50,15 @@ void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cu
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   attr[1].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-  attr[1].val.sharedMemCarveout = kPdlSmemCarveoutPercent;
+  attr[1].val.sharedMemCarveout = carveout_percent;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
   MX_CUDA(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <class... KArgs, class... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_pdl_carveout(kPdlSmemCarveoutPercent, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace mx::cuda

@@ -68,7 +68,7 @@ class Forward {
   void o_proj(const DecodeRows& r, int l, float* x_next);
   void router(const DecodeRows& r, int l, float* x_next);
   void experts(const DecodeRows& r, int l, float* x_next);
-  struct DecodeRowSplits { int full = 0, sliding = 0; };
+  struct DecodeRowSplits { int full = 0, sliding = 0, full_keys = 0, sliding_keys = 0; };  // keys: a split's most
   DecodeRowSplits decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs, int n_decode) const;
   double kv_bytes_read(const StepView& st, const std::vector<SeqRows>& seqs, int l) const;
   void final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0, int S);

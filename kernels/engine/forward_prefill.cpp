@@ -64,6 +64,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
       const int splits = sw ? mma_splits.sliding : mma_splits.full;
       if (splits > 0) {
         p.splits = splits;
+        p.pass_keys = sw ? mma_splits.sliding_keys : mma_splits.full_keys;
         cuda::attention_decode_mma(p, s);
       } else {
         p.heads_per_cta = cuda::attention_decode_heads_per_cta(p.window);
@@ -118,11 +119,18 @@ Forward::DecodeRowSplits Forward::decode_row_splits(const StepView& st, const st
   const int window = model_.cfg.sliding_window;
   for (const SeqRows& q : seqs) {
     if (q.n != 1) continue;
-    const int keys = st.host->pos[q.row] + 1;
+    const int keys = st.host->pos[q.row] + 1, sw_keys = std::min(keys, window);
     r.full = std::max(r.full, cuda::attention_decode_mma_splits(keys));
-    if (window > 0) r.sliding = std::max(r.sliding, cuda::attention_decode_mma_splits(std::min(keys, window)));
+    r.full_keys = std::max(r.full_keys, cuda::attention_decode_mma_keys_per_split(keys));
+    if (window > 0) {
+      r.sliding = std::max(r.sliding, cuda::attention_decode_mma_splits(sw_keys));
+      r.sliding_keys = std::max(r.sliding_keys, cuda::attention_decode_mma_keys_per_split(sw_keys));
+    }
   }
   if (st.attn_long) r.full = 0;  // a context past one pass: the register kernel's 32 splits
+  // A pass holds the longest split (whole chunks, at most kAttnMmaKeys: longer ones take more passes).
+  r.full_keys = std::min(r.full_keys, cuda::kAttnMmaKeys);
+  r.sliding_keys = std::min(r.sliding_keys, cuda::kAttnMmaKeys);
   return r;
 }
 

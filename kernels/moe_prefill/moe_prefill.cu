@@ -77,21 +77,21 @@ __global__ void route_scatter_kernel(MoeRouteParams p) {
 // (192 rows, contiguous in memory) arrive with the first stage.
 // A fragment rows g / g+8 of m16 tile i are weight rows 16i + 2g and 16i + 2g + 1: for FC1 that is
 // the gate / linear pair of one SwiGLU output, so the activation is computed in registers.
-// Two shapes: prefill tiles (64 rows, 64-value steps) and sparse tiles (16 rows, 128-value steps: with
-// few tokens the step is all weight streaming, and longer runs per row keep more bytes in flight).
-// A last step past K loads and multiplies only the groups within K.
+// Two shapes: prefill tiles (64 rows, 4 stages, two CTAs an SM) and sparse tiles (16 rows: with few
+// tokens the kernel is all weight streaming, and 6 stages with three CTAs an SM keep the most bytes in
+// flight; docs/perf.md has the shapes tried).
 constexpr int kWarps = 6, kThreads = 32 * kWarps, kRowsW = 32 * kWarps;
 
-template <int kTok_, int kStep_, int kStages_>
+template <int kTok_, int kStep_, int kStages_, int kMinBlocks_>
 struct MoeShape {
-  static constexpr int kTok = kTok_, kStep = kStep_, kStages = kStages_;
+  static constexpr int kTok = kTok_, kStep = kStep_, kStages = kStages_, kMinBlocks = kMinBlocks_;
   static constexpr int kGroups = kStep / 32;  // MXFP4 groups a stage
   static constexpr int kTokLd = kStep + 8;    // token rows of 16 * odd bytes: ldmatrix conflict-free
   static constexpr size_t kWStage = size_t(kGroups) * kRowsW * 16, kXStage = size_t(kTok) * kTokLd * 2;
   static size_t smem_bytes(int K) { return kStages * (kWStage + kXStage) + ((size_t(kRowsW) * (K / 32) + 15) & ~size_t(15)); }
 };
-using PrefillShape = MoeShape<kMoeTileRowsPrefill, 64, 4>;
-using SparseShape = MoeShape<kMoeTileRowsSparse, 192, 3>;  // 2880 = 15 steps of 192
+using PrefillShape = MoeShape<kMoeTileRowsPrefill, 64, 4, 2>;
+using SparseShape = MoeShape<kMoeTileRowsSparse, 64, 6, 3>;  // 67 KB: three CTAs an SM
 
 // Byte t of w (two E2M1 values, low nibble first) -> bf16x2, times 2^(scale - 127). The nibble bits
 // land on the bf16 exponent/mantissa so the value comes out times 2^-126 (mma::fp4_lo), and `mult`
@@ -108,14 +108,14 @@ __device__ __forceinline__ uint32_t fp4_pair(uint32_t w, uint32_t sel, uint32_t 
 __device__ __forceinline__ int wslot(int r) { return r ^ ((r >> 3) & 1); }
 
 template <bool kFc1, class Sh>
-__global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p) {
+__global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_mma_k(MoeGemmPrefillParams p) {
   constexpr int kTok = Sh::kTok, kStep = Sh::kStep, kStages = Sh::kStages, kGroups = Sh::kGroups, kTokLd = Sh::kTokLd;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tile = blockIdx.x;
   if (tile >= *p.num_tiles) return;
   const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
   const int rows = min(kTok, p.offsets[e + 1] - row0);
-  const int n0 = blockIdx.y * kRowsW, G = p.K / 32, nsteps = (G + kGroups - 1) / kGroups;
+  const int n0 = blockIdx.y * kRowsW, G = p.K / 32, nsteps = p.K / kStep;
   uint8_t* wsm = smem;                                                          // [stage][group][kRowsW][16]
   uint16_t* xsm = reinterpret_cast<uint16_t*>(smem + kStages * Sh::kWStage);    // [stage][kTok][kTokLd]
   uint8_t* ssm = smem + kStages * (Sh::kWStage + Sh::kXStage);                  // [kRowsW][G]
@@ -125,19 +125,18 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
   // Per-thread copy assignments (fixed over K): kGroups weight chunks (a row's run of kStep / 2
   // bytes goes to kGroups adjacent threads), the token chunks of the tile's rows.
   const uint8_t* wsrc[kGroups];
-  int wdst[kGroups], wq[kGroups];
+  int wdst[kGroups];
 #pragma unroll
   for (int i = 0; i < kGroups; ++i) {
     const int c = tid + i * kThreads, r = c / kGroups, q = c % kGroups;
     wsrc[i] = wbase + (size_t(min(n0 + r, p.N - 1)) * G + q) * 16;
     wdst[i] = (q * kRowsW + wslot(r)) * 16;
-    wq[i] = q;
   }
   // Only the tile's rows are copied: a sparse tile would otherwise move more token bytes than weight
   // bytes. Rows past `rows` hold stale values; they feed only accumulator columns never written.
   constexpr int kRowChunks = kStep / 8, kXChunks = kTok * kRowChunks, kXPer = (kXChunks + kThreads - 1) / kThreads;
   const uint16_t* xsrc[kXPer];
-  int xdst[kXPer], xq[kXPer];
+  int xdst[kXPer];
 #pragma unroll
   for (int i = 0; i < kXPer; ++i) {
     const int c = tid + i * kThreads, r = c / kRowChunks, ch = c % kRowChunks;
@@ -145,16 +144,13 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
     const int src_row = !valid ? 0 : kFc1 ? p.sorted_tok[row0 + r] : row0 + r;
     xsrc[i] = valid ? p.x + size_t(src_row) * p.K + ch * 8 : nullptr;
     xdst[i] = r * kTokLd + ch * 8;
-    xq[i] = ch / 4;  // the MXFP4 group of the chunk
   }
   auto load_stage = [&](int ks, int st) {
-    const int groups = G - ks * kGroups;  // >= kGroups except in a last partial step
 #pragma unroll
-    for (int i = 0; i < kGroups; ++i)
-      if (wq[i] < groups) cp_async16(wsm + st * Sh::kWStage + wdst[i], wsrc[i] + ks * (kStep / 2));
+    for (int i = 0; i < kGroups; ++i) cp_async16(wsm + st * Sh::kWStage + wdst[i], wsrc[i] + ks * (kStep / 2));
 #pragma unroll
     for (int i = 0; i < kXPer; ++i)
-      if (xsrc[i] && xq[i] < groups) cp_async16(xsm + st * (Sh::kXStage / 2) + xdst[i], xsrc[i] + ks * kStep);
+      if (xsrc[i]) cp_async16(xsm + st * (Sh::kXStage / 2) + xdst[i], xsrc[i] + ks * kStep);
   };
   {  // the slab's scales, kRowsW rows of G bytes contiguous in memory, in the first stage's group
     const uint8_t* sc = p.scales + (size_t(e) * p.N + n0) * G;
@@ -193,7 +189,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_mma_k(MoeGemmPrefillParams p)
     const uint16_t* xst = xsm + st * (Sh::kXStage / 2);
 #pragma unroll
     for (int q = 0; q < kGroups; ++q) {
-      if (ks * kGroups + q >= G) break;  // a last partial step (uniform)
       uint4 wa[2], wb[2];
       uint32_t ma[2], mb[2];
 #pragma unroll
@@ -288,6 +283,7 @@ static void launch_moe_mma(const MoeGemmPrefillParams& p, cudaStream_t s) {
 template <bool kFc1>
 static void launch_moe(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
+  static_assert(PrefillShape::kStep == 64 && SparseShape::kStep == 64, "K % 64 == 0 is what the check asks");
   if (p.K % 64 || p.N % 2) throw_error("moe prefill: K must be a multiple of 64 and N even");
   if (p.tile_rows == kMoeTileRowsSparse) launch_moe_mma<kFc1, SparseShape>(p, s);
   else if (p.tile_rows == kMoeTileRowsPrefill) launch_moe_mma<kFc1, PrefillShape>(p, s);

@@ -415,10 +415,14 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
   DevBuf<unsigned long long> dmma(std::vector<unsigned long long>(cuda::attention_decode_mma_scratch_words(M, Hkv), 0));
   // Every head grouping, with and without the older keys read before the wait (kv_stable: each query is
   // its own sequence here), then the tensor-core kernel (D = 64) with all its splits and with only
-  // those the longest context uses (the engine's wide steps); the second launch of each checks the
-  // tickets were reset.
-  int splits = 0;
-  for (int pos : positions) splits = std::max(splits, cuda::attention_decode_mma_splits(window ? std::min(pos + 1, window) : pos + 1));
+  // those the longest context uses (the engine's wide steps: passes sized to the longest split, or
+  // 32-key passes); the second launch of each checks the tickets were reset.
+  int splits = 0, pass = 0;
+  for (int pos : positions) {
+    const int keys = window ? std::min(pos + 1, window) : pos + 1;
+    splits = std::max(splits, cuda::attention_decode_mma_splits(keys));
+    pass = std::max(pass, std::min(cuda::kAttnMmaKeys, cuda::attention_decode_mma_keys_per_split(keys)));
+  }
   const int runs = D == 64 ? 22 : 16;
   for (int run = 0; run < runs; ++run) {
     const bool mma = run >= 16;
@@ -434,6 +438,7 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.kv.block_size = bs; p.window = window; p.heads_per_cta = heads;
     p.kv_stable = kv_stable;
     p.splits = run >= 20 ? splits : 0;
+    p.pass_keys = run >= 20 ? (run == 20 ? pass : 32) : 0;  // one pass a split, or many short ones
     if (mma) cuda::attention_decode_mma(p, 0);
     else cuda::attention_decode(p, 0);
     auto out = dout.get();

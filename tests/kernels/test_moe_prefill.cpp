@@ -140,8 +140,8 @@ TEST_P(MoePrefill, MatchesReference) {
 }
 
 // Small hidden sizes keep the CPU reference quick; 2880 checks the real K/N tiling with few tokens.
-// Both tile heights run every shape class: K not a multiple of the sparse tiles' 192-value step (256,
-// 128, 320: a partial last step), N not a multiple of the 192-row slab, tiles of 1..16 and 17+ rows.
+// Both tile heights run every shape class: N not a multiple of the 192-row slab, K of 2..90 groups,
+// tiles of 1..16 and 17+ rows.
 INSTANTIATE_TEST_SUITE_P(Shapes, MoePrefill,
                          ::testing::Values(Case{1, 16, 256, 256, false}, Case{7, 32, 256, 256, false},
                                            Case{65, 32, 256, 320, false}, Case{333, 128, 128, 128, false},
