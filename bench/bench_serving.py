@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
-"""Serving benchmark for an OpenAI-compatible server (mxserve or any peer).
+"""Serving (load) benchmark for an OpenAI-compatible server (mxserve or any peer).
 
 Streams /v1/completions (or /v1/chat/completions) requests at fixed concurrency levels and reports
-TTFT p50/p99, TPOT (mean inter-token time per request), and output tokens/s over the wall time.
-Standard library only, so it runs on machines without a package registry.
+TTFT p50/p99, TPOT (each request's mean inter-token time: mean and p99 over requests), output
+tokens/s over the wall time and, from the server's /metrics (vLLM names), the preemptions during the
+level and the KV use after it. --prompt-ids sends each request its own random token ids (exactly
+--prompt-tokens of them); otherwise prompts are random common words (about one token each).
+--engine-json takes `mxserve bench --json` rows (distinct batches at the serving depth) and prints
+the engine's step time at the same batch beside the served TPOT. Standard library only, so it runs on
+machines without a package registry.
 
-  python3 bench/bench_serving.py --base-url http://127.0.0.1:8000 --concurrency 1,8,32,64 \
-      --prompt-tokens 512 --max-tokens 128 --json out.json
+  python3 bench/bench_serving.py --base-url http://127.0.0.1:8000 --concurrency 64,128 \
+      --prompt-tokens 1024 --max-tokens 1024 --prompt-ids --requests-per-slot 1 --json out.json
 """
 import argparse
 import http.client
@@ -26,6 +31,11 @@ WORDS = ("the of and to in is was for on that with as by at from this be are or 
 def make_prompt(n_words, rng):
     # Roughly one token per word for these common words.
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def make_prompt_ids(n, rng):
+    # Ordinary vocabulary ids (gpt-oss: the special tokens start at 199998).
+    return [rng.randrange(1000, 199000) for _ in range(n)]
 
 
 def one_request(url, args, prompt, api_key):
@@ -80,7 +90,7 @@ def one_request(url, args, prompt, api_key):
     n = usage["completion_tokens"] if usage else len(times)
     tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
     return {"ok": True, "ttft": times[0] - t0, "tpot": tpot, "e2e": t_end - t0, "tokens": n,
-            "prompt_tokens": usage["prompt_tokens"] if usage else None}
+            "prompt_tokens": usage["prompt_tokens"] if usage else None, "times": times}
 
 
 def pct(xs, p):
@@ -89,9 +99,31 @@ def pct(xs, p):
     return xs[k]
 
 
+def scrape_metrics(base_url):
+    """The server's vLLM-named gauges and counters (empty when it has no /metrics)."""
+    u = urllib.parse.urlparse(base_url)
+    try:
+        conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    except Exception:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:") and "_bucket" not in line:
+            name, _, value = line.rpartition(" ")
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
 def run_level(args, conc, rng):
     n_req = max(args.min_requests, conc * args.requests_per_slot)
-    prompts = [make_prompt(args.prompt_tokens, rng) for _ in range(n_req)]
+    if args.prompt_ids:
+        prompts = [make_prompt_ids(args.prompt_tokens, rng) for _ in range(n_req)]
+    else:
+        prompts = [make_prompt(args.prompt_tokens, rng) for _ in range(n_req)]
+    before = scrape_metrics(args.base_url)
     results = []
     lock = threading.Lock()
     t0 = time.perf_counter()
@@ -100,20 +132,55 @@ def run_level(args, conc, rng):
             with lock:
                 results.append(r)
     wall = time.perf_counter() - t0
+    # The server counts a request done just after its last token: give the gauges a moment.
+    after = scrape_metrics(args.base_url)
+    for _ in range(20):
+        if not after or (after.get("vllm:num_requests_running", 0) == 0 and after.get("vllm:kv_cache_usage_perc", 0) == 0):
+            break
+        time.sleep(0.25)
+        after = scrape_metrics(args.base_url)
     ok = [r for r in results if r["ok"]]
     if not ok:
         return {"concurrency": conc, "requests": n_req, "ok": 0, "errors": [r["error"] for r in results][:3]}
     toks = sum(r["tokens"] for r in ok)
-    return {
+    # Steady decode: inter-token times after every request of the level has its first token, i.e. with
+    # no prompt left to prefill (what the engine's distinct-batch step measures). Only meaningful when
+    # all requests run at once (--requests-per-slot 1).
+    all_started = max(r["times"][0] for r in ok)
+    steady = []
+    for r in ok:
+        t = [x for x in r["times"] if x >= all_started]
+        if len(t) > 1:
+            steady.append((t[-1] - t[0]) / (len(t) - 1))
+    row = {
         "concurrency": conc, "requests": n_req, "ok": len(ok),
         "ttft_p50_ms": 1e3 * pct([r["ttft"] for r in ok], 50),
         "ttft_p99_ms": 1e3 * pct([r["ttft"] for r in ok], 99),
         "tpot_mean_ms": 1e3 * statistics.mean(r["tpot"] for r in ok),
+        "tpot_p99_ms": 1e3 * pct([r["tpot"] for r in ok], 99),
+        "tpot_steady_ms": 1e3 * statistics.mean(steady) if steady else None,
         "e2e_p50_s": pct([r["e2e"] for r in ok], 50),
         "output_tok_s": toks / wall,
+        "output_tokens": toks,
         "wall_s": wall,
         "errors": [r["error"] for r in results if not r["ok"]][:3],
     }
+    if before and after:
+        row["preemptions"] = int(after.get("vllm:num_preemptions_total", 0) - before.get("vllm:num_preemptions_total", 0))
+        row["kv_usage_after"] = after.get("vllm:kv_cache_usage_perc")
+        row["running_after"] = after.get("vllm:num_requests_running")
+        row["waiting_after"] = after.get("vllm:num_requests_waiting")
+    return row
+
+
+def engine_steps(path):
+    """{batch: ms a decode step} from `mxserve bench --json` (tg rows)."""
+    if not path:
+        return {}
+    with open(path) as f:
+        d = json.load(f)
+    return {r["batch"]: 1e3 * r["batch"] / r["tok_s"] for r in d.get("results", [])
+            if r["test"].startswith("tg") and r["tok_s"] > 0}
 
 
 def main():
@@ -132,21 +199,41 @@ def main():
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--prompt-ids", action="store_true",
+                    help="prompts are --prompt-tokens random token ids, unique per request (completions only)")
+    ap.add_argument("--engine-json", default=None,
+                    help="`mxserve bench --json` output (distinct batches): its step time beside each level")
     args = ap.parse_args()
+    if args.prompt_ids and args.endpoint != "completions":
+        ap.error("--prompt-ids needs --endpoint completions")
     rng = random.Random(args.seed)
     levels = [int(x) for x in args.concurrency.split(",")]
+    engine = engine_steps(args.engine_json)
     rows = []
-    print(f"{'conc':>5} {'reqs':>5} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'TPOT ms':>8} {'out tok/s':>10}")
+    print(f"{'conc':>5} {'reqs':>5} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'TPOT ms':>8} {'TPOT p99':>9} "
+          f"{'steady':>7} {'out tok/s':>10} {'preempt':>8} {'KV after':>9} {'engine step ms':>15} "
+          f"{'served/engine':>14} {'steady/engine':>14}")
     for c in levels:
         r = run_level(args, c, rng)
+        if c in engine:
+            r["engine_step_ms"] = engine[c]
+            r["served_over_engine"] = r["tpot_mean_ms"] / engine[c] if r.get("ok") else None
+            if r.get("tpot_steady_ms"):
+                r["steady_over_engine"] = r["tpot_steady_ms"] / engine[c]
         rows.append(r)
         if r.get("ok"):
+            eng = f"{'n/a':>15} {'':>14} {'':>14}"
+            if c in engine:
+                eng = f"{engine[c]:>15.2f} {r['served_over_engine']:>14.3f} {r.get('steady_over_engine') or 0:>14.3f}"
+            steady = r["tpot_steady_ms"] or 0
             print(f"{c:>5} {r['requests']:>5} {r['ttft_p50_ms']:>12.1f} {r['ttft_p99_ms']:>12.1f} "
-                  f"{r['tpot_mean_ms']:>8.2f} {r['output_tok_s']:>10.1f}", flush=True)
+                  f"{r['tpot_mean_ms']:>8.2f} {r['tpot_p99_ms']:>9.2f} {steady:>7.2f} {r['output_tok_s']:>10.1f} "
+                  f"{r.get('preemptions', 'n/a'):>8} {r.get('kv_usage_after', 'n/a'):>9} {eng}"
+                  + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
         else:
             print(f"{c:>5} failed: {r.get('errors')}", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
+        with open(args.json, "w") as f:  # rows only (no per-token times)
             json.dump({"args": vars(args), "results": rows}, f, indent=2)
     return 0 if all(r.get("ok") for r in rows) else 1
 

@@ -25,8 +25,8 @@ struct ServeOptions {
   std::string model_dir;
   server::ServerOptions srv;
   int max_model_len = 0;
-  int max_num_seqs = 64;
-  int max_num_batched_tokens = 2048;
+  int max_num_seqs = 256;  // vLLM's defaults; docs/perf.md (session 22) has the load runs
+  int max_num_batched_tokens = 8192;
   int max_waiting = 256;
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
