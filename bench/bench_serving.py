@@ -16,6 +16,7 @@ machines without a package registry.
 import argparse
 import http.client
 import json
+import os
 import random
 import statistics
 import sys
@@ -175,7 +176,7 @@ def run_level(args, conc, rng):
 
 def engine_steps(path):
     """{batch: ms a decode step} from `mxserve bench --json` (tg rows)."""
-    if not path:
+    if not path or not os.path.exists(path):
         return {}
     with open(path) as f:
         d = json.load(f)

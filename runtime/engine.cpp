@@ -75,7 +75,10 @@ std::optional<int64_t> Engine::submit(GenRequest req, std::shared_ptr<Channel> c
   {
     std::lock_guard lk(mu_);
     if (draining_ || stop_) return std::nullopt;
-    if (int(inbox_.size()) + stats_.waiting >= opt_.max_waiting) return std::nullopt;
+    // The queue bound counts requests beyond the free seats: a burst of max_num_seqs requests is
+    // admitted over a few steps (the token budget), not refused while seats are empty.
+    const int free_seats = std::max(0, opt_.max_num_seqs - stats_.running);
+    if (int(inbox_.size()) + stats_.waiting >= opt_.max_waiting + free_seats) return std::nullopt;
     id = s->id = next_id_++;
     ++active_;
     inbox_.push_back(std::move(s));

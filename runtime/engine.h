@@ -75,7 +75,7 @@ struct GenRequest {
 struct EngineOptions {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
-  int max_waiting = 256;        // bounded queue: submit() fails beyond it (server answers 429)
+  int max_waiting = 256;        // bounded queue beyond the free seats: submit() fails past it (server: 429)
   int max_model_len = 0;        // 0 = the model's max_position_embeddings
   bool enable_prefix_caching = true;
   BlockHashFn block_hash = nullptr;  // nullptr = default_block_hash; tests force collisions

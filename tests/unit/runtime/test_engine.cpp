@@ -124,12 +124,13 @@ TEST(Engine, AbortFreesBlocksByNextStep) {
 
 TEST(Engine, BoundedQueueAndDrain) {
   FakeRunner r(64);
-  Engine e(r, {.max_waiting = 2});
+  Engine e(r, {.max_num_seqs = 1, .max_waiting = 2});
   GenRequest g;
   g.prompt = {1};
   g.max_tokens = 2;
   auto ch = std::make_shared<Channel>();
-  EXPECT_TRUE(e.submit(g, ch));
+  EXPECT_TRUE(e.submit(g, ch));   // the free seat
+  EXPECT_TRUE(e.submit(g, ch));   // the queue
   EXPECT_TRUE(e.submit(g, ch));
   EXPECT_FALSE(e.submit(g, ch));  // full: the server answers 429
   e.start();
