@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call that checks and measures a build made on the dev VM: the GPU tests, then
 # `mxserve bench` for 120b and 20b (pp2048, tg128 at depth 2048, batch 1/4/8/32, per-kernel breakdown),
-# then the serving benchmark. Logs go to $OUT (tests.log, bench_120b.log, bench_20b.log, serving_*).
+# then the load benchmark at 512/128 tokens. Logs go to $OUT (tests.log, bench_120b.log, bench_20b.log, load_*).
 # Run from the repo root on the GPU machine with build/tests/test_kernels and build/cli/mxserve
 # carried (device carry: .devdeps .assets build/tests/test_kernels build/cli/mxserve); ~8 minutes.
 set -u
@@ -18,4 +18,4 @@ for m in 120b 20b; do
     grep -v "^I " > "$OUT/bench_$m.log"
   tail -8 "$OUT/bench_$m.log"
 done
-OUT=$OUT bash bench/device_serving.sh 2>&1 | tail -14
+OUT=$OUT ENGINE=0 PROMPT_TOKENS=512 MAX_TOKENS=128 CONCURRENCY=1,8,32,64 REQS=2 bash bench/device_load.sh 2>&1 | tail -14

@@ -10,12 +10,14 @@
 # Environment: OUT, MXSERVE (default build/cli/mxserve), BIN (libraries: device_run_env.sh), MODELS
 # ("20b 120b"), CONCURRENCY ("64,128,256"), PROMPT_TOKENS (1024), MAX_TOKENS (1024), REQS (1),
 # MAX_MODEL_LEN (4096), MAX_NUM_SEQS (256), MAX_BATCHED (8192), GPU_MEM (0.9), LIMIT_S (per model, 400),
-# SERVE_ARGS (extra serve flags), TAG (suffix of the file names), ENGINE (0: skip step 1 and use the
-# engine_P.json already in $OUT).
+# SERVE_ARGS (extra serve flags), CLIENT_ARGS (sampling flags of the client, default "--temperature 0";
+# e.g. "--temperature 0.8 --top-p 0.9"), PROMPT_IDS (0: word prompts instead of token ids), TAG (suffix
+# of the file names), ENGINE (0: skip step 1 and use the engine_P.json already in $OUT, if any).
 # Run from the repo root: OUT=$OUT MXSERVE=.devrun/new/mxserve bash bench/device_load.sh
 set -u
 cd "$(dirname "$0")/.."
 source bench/device_run_env.sh /tmp/mxserve-load
+export LD_LIBRARY_PATH="$PWD/.devdeps/usr/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH"  # a build made on the device
 MXSERVE=${MXSERVE:-build/cli/mxserve}
 [ -e "$MXSERVE.gz" ] && gunzip -f "$MXSERVE.gz"
 chmod +x "$MXSERVE"
@@ -52,16 +54,19 @@ for _ in range(480):
     except Exception: time.sleep(0.5)
 PY
   # 3. The load.
+  ids=--prompt-ids
+  [ "${PROMPT_IDS:-1}" = 0 ] && ids=
+  # CLIENT_ARGS is a list of words on purpose.
   timeout "${LIMIT_S:-400}" python3 bench/bench_serving.py --base-url http://127.0.0.1:8011 \
-    --concurrency "$CONCURRENCY" --prompt-tokens "$PROMPT_TOKENS" --max-tokens "$MAX_TOKENS" --prompt-ids \
-    --temperature 0 --requests-per-slot "${REQS:-1}" --engine-json "$OUT/engine_$P.json" \
+    --concurrency "$CONCURRENCY" --prompt-tokens "$PROMPT_TOKENS" --max-tokens "$MAX_TOKENS" $ids \
+    ${CLIENT_ARGS:---temperature 0} --requests-per-slot "${REQS:-1}" --engine-json "$OUT/engine_$P.json" \
     --json "$OUT/load_$N.json" > "$OUT/load_$N.txt" 2>&1
   echo "client exit $?"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8011/metrics', timeout=5).read().decode())" \
     > "$OUT/metrics_$N.txt" 2>&1
   kill -TERM $SP; wait $SP
   echo "== $N serving (--max-num-seqs ${MAX_NUM_SEQS:-256} --max-num-batched-tokens ${MAX_BATCHED:-8192}," \
-       "${PROMPT_TOKENS}/${MAX_TOKENS} tokens)"
+       "${PROMPT_TOKENS}/${MAX_TOKENS} tokens, ${CLIENT_ARGS:---temperature 0})"
   cat "$OUT/load_$N.txt"
   grep -E "KV .* blocks" "$OUT/serve_$N.log" | tail -1
 done
