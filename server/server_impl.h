@@ -1,0 +1,243 @@
+// The server's internals shared by its translation units (server.cpp: chat and text completions, the
+// routes; responses.cpp: the Responses API). Not part of the public interface (server.h).
+#pragma once
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <random>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "harmony/harmony.h"
+#include "server/responses.h"
+#include "server/server.h"
+
+namespace mx::server {
+
+using json = nlohmann::json;
+using clock_t_ = std::chrono::steady_clock;
+
+inline json error_body(const std::string& msg, const std::string& type, const std::string& param, int code) {
+  return {{"error", {{"message", msg}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)}, {"code", code}}}};
+}
+
+inline void send_error(httplib::Response& res, int status, const std::string& msg, const std::string& type, const std::string& param = "") {
+  res.status = status;
+  res.set_content(error_body(msg, type, param, status).dump(), "application/json");
+}
+
+inline std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> ctr{0};
+  thread_local std::mt19937_64 rng(std::random_device{}() ^ (ctr++ * 0x9E3779B97F4A7C15ull));
+  return fmt::format("{}{:016x}", prefix, rng());
+}
+
+inline double secs(clock_t_::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// One generated choice of a request: its engine id, channel and the text state.
+struct ChoiceState {
+  int index = 0;
+  int64_t id = 0;
+  std::shared_ptr<runtime::Channel> ch = std::make_shared<runtime::Channel>();
+  std::unique_ptr<harmony::StreamParser> parser;   // chat
+  std::unique_ptr<IncrementalDecoder> dec;         // completions
+  std::string content, reasoning;                  // full text (content: stop strings applied)
+  size_t content_sent = 0;
+  json tool_calls = json::array();
+  std::string finish;                              // "" while running
+  json logprobs = json::array();
+  int completion_tokens = 0;
+  int cached_tokens = 0;                           // prompt tokens the prefix cache served
+  bool role_sent = false;                          // streaming chat: the role chunk went out
+  bool stopped_by_string = false;
+};
+
+struct Server::Impl {
+  ServerOptions opt;
+  httplib::Server http;
+  int listen_fd = -1;  // the listening socket, captured to raise its backlog
+  std::atomic<runtime::Engine*> engine{nullptr};
+  std::shared_ptr<const Tokenizer> tok;
+  std::vector<int32_t> eos_ids, chat_stop_ids;
+  Metrics metrics;
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (opt.api_key.empty()) return true;
+    std::string h = req.get_header_value("Authorization");
+    if (h == "Bearer " + opt.api_key) return true;
+    send_error(res, 401, "invalid or missing API key", "authentication_error");
+    return false;
+  }
+
+  // Parses the body; answers and returns nullopt on any failure.
+  std::optional<json> body_of(const httplib::Request& req, httplib::Response& res) {
+    if (req.body.size() > opt.max_body_bytes) {
+      send_error(res, 413, fmt::format("request body over {} bytes", opt.max_body_bytes), "invalid_request_error");
+      return std::nullopt;
+    }
+    std::string ct = req.get_header_value("Content-Type");
+    if (ct.find("application/json") == std::string::npos) {
+      send_error(res, 400, "Content-Type must be application/json", "invalid_request_error");
+      return std::nullopt;
+    }
+    json b = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (b.is_discarded()) {
+      send_error(res, 400, "request body is not valid JSON", "invalid_request_error");
+      return std::nullopt;
+    }
+    if (!b.is_object()) {
+      send_error(res, 400, "request body must be a JSON object", "invalid_request_error");
+      return std::nullopt;
+    }
+    if (b.contains("model") && b["model"].is_string() && b["model"] != opt.model_name) {
+      send_error(res, 404, fmt::format("The model `{}` does not exist.", b["model"].get<std::string>()), "not_found_error", "model");
+      return std::nullopt;
+    }
+    return b;
+  }
+
+  runtime::Engine* ready_engine(httplib::Response& res) {
+    runtime::Engine* e = engine.load();
+    if (!e) send_error(res, 503, "the model is still loading", "service_unavailable");
+    else if (e->draining()) send_error(res, 503, "the server is shutting down", "service_unavailable");
+    return e && !e->draining() ? e : nullptr;
+  }
+
+  // Submits n choices; answers 429 and returns false if the queue is full.
+  bool submit(runtime::Engine& e, const std::vector<int32_t>& prompt, const CommonParams& p, bool chat,
+              std::vector<std::unique_ptr<ChoiceState>>& out, httplib::Response& res) {
+    int limit = e.max_model_len();
+    int max_tokens = p.max_tokens < 0 ? limit - int(prompt.size()) : p.max_tokens;
+    if (int(prompt.size()) + std::max(max_tokens, 1) > limit) {
+      send_error(res, 400,
+                 fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the "
+                             "prompt, {} for the completion).",
+                             limit, int(prompt.size()) + std::max(max_tokens, 1), prompt.size(), std::max(max_tokens, 1)),
+                 "invalid_request_error", p.max_tokens < 0 ? "messages" : "max_tokens");
+      return false;
+    }
+    auto deadline = clock_t_::now() + std::chrono::milliseconds(int64_t(opt.request_timeout_s * 1000));
+    for (int i = 0; i < p.n; ++i) {
+      auto c = std::make_unique<ChoiceState>();
+      c->index = i;
+      if (chat) c->parser = std::make_unique<harmony::StreamParser>(tok);
+      else c->dec = std::make_unique<IncrementalDecoder>(tok);
+      runtime::GenRequest g;
+      g.prompt = prompt;
+      g.sampling = p.sampling;
+      g.sampling.seed = p.sampling.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
+      g.max_tokens = max_tokens;
+      g.stop_token_ids = chat ? chat_stop_ids : eos_ids;
+      g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+      g.deadline = deadline;
+      auto id = e.submit(std::move(g), c->ch);
+      if (!id) {
+        for (auto& o : out) e.abort(o->id);
+        out.clear();
+        send_error(res, e.draining() ? 503 : 429, e.draining() ? "the server is shutting down" : "too many requests waiting",
+                   e.draining() ? "service_unavailable" : "rate_limit_error");
+        return false;
+      }
+      c->id = *id;
+      out.push_back(std::move(c));
+    }
+    return true;
+  }
+
+  // Appends content text honouring stop strings; returns the newly releasable delta.
+  std::string add_content(ChoiceState& c, const std::string& text, const CommonParams& p, bool final) {
+    c.content += text;
+    size_t hold = 0;
+    for (const auto& s : p.stop) {
+      size_t from = c.content_sent > s.size() ? c.content_sent - s.size() : 0;
+      size_t pos = c.content.find(s, from);
+      if (pos != std::string::npos) {
+        c.content.resize(pos);
+        c.stopped_by_string = true;
+        final = true;
+      }
+      hold = std::max(hold, s.size() - 1);
+    }
+    size_t end = final ? c.content.size() : (c.content.size() > hold ? c.content.size() - hold : 0);
+    // Never cut inside a UTF-8 character.
+    while (end > c.content_sent && end < c.content.size() && (uint8_t(c.content[end]) & 0xC0) == 0x80) --end;
+    if (end <= c.content_sent) return "";
+    std::string d = c.content.substr(c.content_sent, end - c.content_sent);
+    c.content_sent = end;
+    return d;
+  }
+
+  json logprob_entry(int32_t tokid, const runtime::TokenEvent& ev) {
+    json top = json::array();
+    for (auto& [t, lp] : ev.top) top.push_back({{"token", tok->decode({t})}, {"logprob", lp}});
+    return {{"token", tok->decode({tokid})}, {"logprob", ev.logprob}, {"top_logprobs", top}};
+  }
+
+  // Feeds one engine event into a choice; returns the delta (chat: a delta object; completions:
+  // {"text": ...}) or null when nothing is to be sent.
+  json consume(runtime::Engine& e, ChoiceState& c, const runtime::TokenEvent& ev, const CommonParams& p, bool chat) {
+    json delta = json::object();
+    std::string content_delta, reasoning_delta;
+    bool finishing = ev.finish != runtime::FinishReason::kNone;
+    if (ev.token >= 0) {
+      ++c.completion_tokens;
+      c.cached_tokens = ev.cached_tokens;
+      if (p.sampling.logprobs && !ev.stop_token) c.logprobs.push_back(logprob_entry(ev.token, ev));
+      // A request's own stop_token_ids end the text like a stop string: the token is not output.
+      bool user_stop = ev.stop_token && std::find(chat_stop_ids.begin(), chat_stop_ids.end(), ev.token) == chat_stop_ids.end();
+      if (chat) {
+        std::vector<harmony::Event> evs;
+        if (!user_stop) evs = c.parser->push(ev.token);
+        if (finishing) {
+          auto more = c.parser->finish();
+          evs.insert(evs.end(), more.begin(), more.end());
+        }
+        for (auto& h : evs) {
+          using K = harmony::Event::Kind;
+          if (h.kind == K::kReasoning) {
+            c.reasoning += h.text;
+            reasoning_delta += h.text;
+          } else if (h.kind == K::kContent) {
+            if (!c.stopped_by_string) content_delta += add_content(c, h.text, p, false);
+          } else if (h.kind == K::kToolCallBegin) {
+            json tc = {{"id", random_id("call_")}, {"type", "function"}, {"function", {{"name", h.name}, {"arguments", ""}}}};
+            c.tool_calls.push_back(tc);
+            delta["tool_calls"].push_back({{"index", c.tool_calls.size() - 1}, {"id", tc["id"]}, {"type", "function"},
+                                           {"function", {{"name", h.name}, {"arguments", ""}}}});
+          } else if (h.kind == K::kToolCallArguments && !c.tool_calls.empty()) {
+            c.tool_calls.back()["function"]["arguments"] = c.tool_calls.back()["function"]["arguments"].get<std::string>() + h.text;
+            delta["tool_calls"].push_back({{"index", c.tool_calls.size() - 1}, {"function", {{"arguments", h.text}}}});
+          }
+        }
+      } else if (!ev.stop_token) {
+        content_delta += add_content(c, c.dec->push(ev.token), p, false);
+      }
+    }
+    if (finishing) {
+      if (!chat) content_delta += add_content(c, c.dec->flush(), p, false);
+      content_delta += add_content(c, "", p, true);
+    }
+    if (c.stopped_by_string && c.finish.empty()) {
+      e.abort(c.id);
+      c.finish = "stop";
+    } else if (finishing && c.finish.empty()) {
+      c.finish = runtime::finish_reason_name(ev.finish);
+      if (chat && c.parser->saw_tool_call_end() && !c.tool_calls.empty()) c.finish = "tool_calls";
+    }
+    if (!reasoning_delta.empty()) delta["reasoning_content"] = reasoning_delta;
+    if (!content_delta.empty()) delta[chat ? "content" : "text"] = content_delta;
+    return delta;
+  }
+
+  void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  // responses.cpp
+  ResponseStore responses;
+  void handle_responses(const httplib::Request& req, httplib::Response& res);
+  void handle_response_get(const httplib::Request& req, httplib::Response& res);
+  void handle_response_delete(const httplib::Request& req, httplib::Response& res);
+  void setup();
+};
+
+}  // namespace mx::server
