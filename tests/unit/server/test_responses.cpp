@@ -2,9 +2,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "core/error.h"
 #include "harmony/harmony.h"
 #include "server/responses.h"
+#include "tokenizer/tokenizer.h"
 
 namespace mx::server {
 namespace {
@@ -159,6 +162,35 @@ TEST(Responses, OutputItemsAndStreamEvents) {
   json msg = output_as_message(items);
   EXPECT_EQ(msg["tool_calls"][0]["id"], items[2]["call_id"]);
   EXPECT_EQ(msg["reasoning_content"], "thinking");
+}
+
+// A real harmony completion, token by token through the parser, into items.
+TEST(Responses, HarmonyTokensBecomeItems) {
+  const std::filesystem::path path = std::filesystem::path(MX_SOURCE_DIR) / ".assets/tokenizer/tokenizer.json";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << ".assets/tokenizer/tokenizer.json missing";
+  std::shared_ptr<const Tokenizer> tok = Tokenizer::load(path.string());
+  auto run = [&](const std::string& completion) {
+    harmony::StreamParser parser(tok);
+    OutputBuilder out(nullptr);
+    for (int32_t t : tok->encode(completion, /*allow_special=*/true))
+      for (const harmony::Event& e : parser.push(t)) out.event(e);
+    for (const harmony::Event& e : parser.finish()) out.event(e);
+    out.close();
+    return out.items();
+  };
+  json a = run("<|channel|>analysis<|message|>Think first.<|end|><|start|>assistant<|channel|>final<|message|>Hi there!<|return|>");
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0]["type"], "reasoning");
+  EXPECT_EQ(a[0]["content"][0]["text"], "Think first.");
+  EXPECT_EQ(a[1]["type"], "message");
+  EXPECT_EQ(a[1]["content"][0]["text"], "Hi there!");
+  json b = run("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+               "to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Oslo\"}<|call|>");
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_EQ(b[1]["type"], "function_call");
+  EXPECT_EQ(b[1]["name"], "get_weather");
+  EXPECT_EQ(b[1]["arguments"], "{\"city\":\"Oslo\"}");
+  EXPECT_EQ(output_as_message(b)["tool_calls"][0]["function"]["name"], "get_weather");
 }
 
 }  // namespace
