@@ -89,6 +89,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
           first = false;
           last = now;
           ++run->output_tokens;
+          maybe_fault(run->output_tokens);
           run->cached_tokens = ev.cached_tokens;
           bool reasoning = false;
           for (auto& h : c->parser->push(ev.token)) {
@@ -117,6 +118,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     metrics.e2e(secs(clock_t_::now() - t0));
     return true;
   };
+  auto abort = [e, c] { e->abort(c->id); };
   auto finish_and_store = [this, run](const OutputBuilder& out) {
     json o = response_object(*run, opt.model_name, &out);
     if (run->req.store) {
@@ -130,43 +132,53 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
   if (!run->req.stream) {
     // Chunked, with a space a second while generating, so a client that gives up is noticed.
     res.set_chunked_content_provider("application/json", [=](size_t, httplib::DataSink& sink) {
-      OutputBuilder out(nullptr);
-      auto last = clock_t_::now();
-      bool ok = drive(out, [&] {
-        if (clock_t_::now() - last < std::chrono::seconds(1)) return true;
-        last = clock_t_::now();
-        return sink.is_writable() && sink.write(" ", 1);
+      return guarded(sink, abort, error_json, [&] {
+        OutputBuilder out(nullptr);
+        auto last = clock_t_::now();
+        bool ok = drive(out, [&] {
+          if (clock_t_::now() - last < std::chrono::seconds(1)) return true;
+          last = clock_t_::now();
+          return sink.is_writable() && sink.write(" ", 1);
+        });
+        if (ok) {
+          std::string b = finish_and_store(out).dump(-1, ' ', false, json::error_handler_t::replace);
+          ok = sink.write(b.data(), b.size());
+        }
+        sink.done();
+        return ok;
       });
-      if (ok) {
-        std::string b = finish_and_store(out).dump(-1, ' ', false, json::error_handler_t::replace);
-        ok = sink.write(b.data(), b.size());
-      }
-      sink.done();
-      return ok;
     });
     return;
   }
 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
-    bool ok = true;
-    auto send = [&](const json& ev) {
-      if (!ok) return;
-      std::string s = "event: " + ev["type"].get<std::string>() + "\ndata: " +
-                      ev.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-      ok = sink.is_writable() && sink.write(s.data(), s.size());
+    auto seq = std::make_shared<int>(0);  // the next sequence_number, for an error event
+    auto error_event = [seq](const std::string& m) {
+      json ev = {{"type", "error"}, {"code", "server_error"}, {"message", m}, {"param", nullptr}, {"sequence_number", *seq}};
+      return "event: error\ndata: " + ev.dump() + "\n\n";
     };
-    OutputBuilder out([&](json ev) { send(ev); });
-    out.send({{"type", "response.created"}, {"response", response_object(*run, opt.model_name, nullptr)}});
-    out.send({{"type", "response.in_progress"}, {"response", response_object(*run, opt.model_name, nullptr)}});
-    if (drive(out, [&] { return ok; }) && ok) {
-      json o = finish_and_store(out);
-      const std::string status = o["status"];
-      out.send({{"type", status == "completed" ? "response.completed" : status == "failed" ? "response.failed" : "response.incomplete"},
-                {"response", o}});
-    }
-    sink.done();
-    return ok;
+    return guarded(sink, abort, error_event, [&] {
+      bool ok = true;
+      auto send = [&](const json& ev) {
+        *seq = ev["sequence_number"].get<int>() + 1;
+        if (!ok) return;
+        std::string s = "event: " + ev["type"].get<std::string>() + "\ndata: " +
+                        ev.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+        ok = sink.is_writable() && sink.write(s.data(), s.size());
+      };
+      OutputBuilder out([&](json ev) { send(ev); });
+      out.send({{"type", "response.created"}, {"response", response_object(*run, opt.model_name, nullptr)}});
+      out.send({{"type", "response.in_progress"}, {"response", response_object(*run, opt.model_name, nullptr)}});
+      if (drive(out, [&] { return ok; }) && ok) {
+        json o = finish_and_store(out);
+        const std::string status = o["status"];
+        out.send({{"type", status == "completed" ? "response.completed" : status == "failed" ? "response.failed" : "response.incomplete"},
+                  {"response", o}});
+      }
+      sink.done();
+      return ok;
+    });
   });
 }
 

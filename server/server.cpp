@@ -65,6 +65,9 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     return json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", ct}, {"total_tokens", prompt_tokens + ct},
                 {"prompt_tokens_details", {{"cached_tokens", choices->front()->cached_tokens}}}};
   };
+  auto abort_all = [e, choices] {
+    for (auto& c : *choices) e->abort(c->id);
+  };
   // Drives all choices until finished; `on_delta(choice, delta)` returns false if the client is gone.
   auto drive = [this, e, choices, p, chat, t0](const std::function<bool(ChoiceState&, json&)>& on_delta) {
     bool first = true;
@@ -136,60 +139,64 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     // (valid leading JSON whitespace) goes out every second, and a write to a closed socket
     // fails, which aborts the request like a dropped stream instead of running to max_tokens.
     res.set_chunked_content_provider("application/json", [=](size_t, httplib::DataSink& sink) {
-      auto last = clock_t_::now();
-      bool ok = drive([&](ChoiceState&, json&) {
-        if (clock_t_::now() - last < std::chrono::seconds(1)) return true;
-        last = clock_t_::now();
-        return sink.is_writable() && sink.write(" ", 1);
+      return guarded(sink, abort_all, error_json, [&] {
+        auto last = clock_t_::now();
+        bool ok = drive([&](ChoiceState&, json&) {
+          if (clock_t_::now() - last < std::chrono::seconds(1)) return true;
+          last = clock_t_::now();
+          return sink.is_writable() && sink.write(" ", 1);
+        });
+        if (ok) {
+          std::string b = full_body();
+          ok = sink.write(b.data(), b.size());
+        }
+        sink.done();
+        return ok;
       });
-      if (ok) {
-        std::string b = full_body();
-        ok = sink.write(b.data(), b.size());
-      }
-      sink.done();
-      return ok;
     });
     return;
   }
 
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [=, this](size_t, httplib::DataSink& sink) {
-    auto send = [&](const json& j) {
-      std::string s = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-      return sink.is_writable() && sink.write(s.data(), s.size());
-    };
-    auto chunk = [&](json choice) {
-      return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                  {"model", opt.model_name}, {"choices", json::array({choice})}};
-    };
-    // The role chunk goes out with a choice's first sampled token, not at accept time: clients
-    // and benchmarks time the first token from the first chunk with choices (api.md 1.4).
-    bool ok = drive([&](ChoiceState& c, json& d) {
-      if (chat && !c.role_sent) {
-        c.role_sent = true;
-        if (!send(chunk({{"index", c.index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}})))
-          return false;
+    return guarded(sink, abort_all, [](const std::string& m) { return "data: " + error_json(m) + "\n\n"; }, [&] {
+      auto send = [&](const json& j) {
+        std::string s = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+        return sink.is_writable() && sink.write(s.data(), s.size());
+      };
+      auto chunk = [&](json choice) {
+        return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                    {"model", opt.model_name}, {"choices", json::array({choice})}};
+      };
+      // The role chunk goes out with a choice's first sampled token, not at accept time: clients
+      // and benchmarks time the first token from the first chunk with choices (api.md 1.4).
+      bool ok = drive([&](ChoiceState& c, json& d) {
+        if (chat && !c.role_sent) {
+          c.role_sent = true;
+          if (!send(chunk({{"index", c.index}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}})))
+            return false;
+        }
+        bool fin = !c.finish.empty();
+        if (d.empty() && !fin) return true;
+        json ch = {{"index", c.index}, {"finish_reason", fin ? json(c.finish) : json(nullptr)}};
+        if (chat) ch["delta"] = d;
+        else ch["text"] = d.value("text", "");
+        if (p.sampling.logprobs && !c.logprobs.empty()) ch["logprobs"] = {{"content", json::array({c.logprobs.back()})}};
+        else ch["logprobs"] = nullptr;
+        return send(chunk(ch));
+      });
+      if (ok && p.include_usage) {
+        json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                  {"model", opt.model_name}, {"choices", json::array()}, {"usage", usage()}};
+        ok = send(u);
       }
-      bool fin = !c.finish.empty();
-      if (d.empty() && !fin) return true;
-      json ch = {{"index", c.index}, {"finish_reason", fin ? json(c.finish) : json(nullptr)}};
-      if (chat) ch["delta"] = d;
-      else ch["text"] = d.value("text", "");
-      if (p.sampling.logprobs && !c.logprobs.empty()) ch["logprobs"] = {{"content", json::array({c.logprobs.back()})}};
-      else ch["logprobs"] = nullptr;
-      return send(chunk(ch));
+      if (ok) {
+        std::string done = "data: [DONE]\n\n";
+        sink.write(done.data(), done.size());
+      }
+      sink.done();
+      return ok;
     });
-    if (ok && p.include_usage) {
-      json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                {"model", opt.model_name}, {"choices", json::array()}, {"usage", usage()}};
-      ok = send(u);
-    }
-    if (ok) {
-      std::string done = "data: [DONE]\n\n";
-      sink.write(done.data(), done.size());
-    }
-    sink.done();
-    return ok;
   });
 }
 

@@ -26,6 +26,9 @@ struct ServerOptions {
   // which would cap concurrent generations at that number.
   int http_threads = 0;
   Limits limits;
+  // Tests only: a request's consumer throws when it reaches this many generated tokens (0 = never),
+  // to check that a fault while generating ends that request alone.
+  int fault_after_tokens = 0;
 };
 
 class Server {

@@ -183,6 +183,7 @@ struct Server::Impl {
     bool finishing = ev.finish != runtime::FinishReason::kNone;
     if (ev.token >= 0) {
       ++c.completion_tokens;
+      maybe_fault(c.completion_tokens);
       c.cached_tokens = ev.cached_tokens;
       if (p.sampling.logprobs && !ev.stop_token) c.logprobs.push_back(logprob_entry(ev.token, ev));
       // A request's own stop_token_ids end the text like a stop string: the token is not output.
@@ -230,6 +231,40 @@ struct Server::Impl {
     if (!content_delta.empty()) delta[chat ? "content" : "text"] = content_delta;
     return delta;
   }
+
+  // ServerOptions::fault_after_tokens (tests).
+  void maybe_fault(int tokens) const {
+    if (opt.fault_after_tokens > 0 && tokens == opt.fault_after_tokens)
+      throw std::runtime_error("injected fault (fault_after_tokens)");
+  }
+
+  // Every content provider runs its body here. An exception while generating (the parser, the
+  // detokenizer, JSON) would otherwise escape cpp-httplib's writer and end the process; it ends this
+  // request only: `abort` cancels its engine requests, the client gets `error_payload(message)` (an
+  // error event or body: the status line is already out), and the connection closes.
+  static bool guarded(httplib::DataSink& sink, const std::function<void()>& abort,
+                      const std::function<std::string(const std::string&)>& error_payload,
+                      const std::function<bool()>& body) {
+    std::string msg;
+    try {
+      return body();
+    } catch (const std::exception& ex) {
+      msg = ex.what();
+    } catch (...) {
+      msg = "unknown error";
+    }
+    log::error("a request failed while generating: {}; it is aborted", msg);
+    try {
+      abort();
+      const std::string payload = error_payload("internal error while generating: " + msg);
+      if (sink.is_writable()) sink.write(payload.data(), payload.size());
+      sink.done();
+    } catch (...) {  // the client is gone or the abort failed: nothing more to tell
+    }
+    return false;
+  }
+  // The error object of a failed generation, as a body or as an SSE data line.
+  static std::string error_json(const std::string& msg) { return error_body(msg, "internal_error", "", 500).dump(); }
 
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
   // responses.cpp
