@@ -53,6 +53,12 @@ struct Rendered {
 // Renders the conversation and the generation prompt "<|start|>assistant".
 Rendered render_chat(const ChatRequest& req, const Tokenizer& tok);
 
+// tool_choice forcing (chat form: "required" or {"type": "function", "function": {"name": N}}): the
+// start of the assistant's next message, appended to the prompt after "<|start|>assistant" so that
+// the message is a call to N ("<|channel|>commentary to=functions.N <|constrain|>json<|message|>"), or
+// to a function the model names ("...to=functions." for required). "" for none / auto / absent.
+std::string forced_tool_call_prefix(const nlohmann::json& tool_choice);
+
 // Generation stops on these (<|return|>, <|call|>); <|end|> is not a stop.
 std::vector<int32_t> stop_token_ids(const Tokenizer& tok);
 

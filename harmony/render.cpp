@@ -249,6 +249,15 @@ Rendered render_chat(const ChatRequest& req, const Tokenizer& tok) {
   return b.finish(tok);
 }
 
+std::string forced_tool_call_prefix(const nlohmann::json& tool_choice) {
+  if (tool_choice.is_string() && tool_choice == "required") return "<|channel|>commentary to=functions.";
+  if (tool_choice.is_object() && tool_choice.contains("function") && tool_choice["function"].is_object() &&
+      tool_choice["function"].contains("name") && tool_choice["function"]["name"].is_string())
+    return "<|channel|>commentary to=functions." + tool_choice["function"]["name"].get<std::string>() +
+           " <|constrain|>json<|message|>";
+  return "";
+}
+
 std::vector<int32_t> stop_token_ids(const Tokenizer& tok) {
   std::vector<int32_t> ids;
   for (const char* s : {"<|return|>", "<|call|>"}) {

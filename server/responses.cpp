@@ -49,7 +49,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
   if (!body) return;
   auto run = std::make_shared<ResponseRun>();
   CommonParams p;
-  std::vector<int32_t> prompt;
+  std::vector<int32_t> prompt, forced;
   runtime::Engine* e = nullptr;
   try {
     run->req = parse_responses_request(*body, responses);
@@ -58,6 +58,8 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     harmony::ChatRequest cr = harmony::chat_request_from_json(run->req.chat_body);
     if (run->req.chat_body.value("tool_choice", json()) == "none") cr.tools = json::array();
     prompt = harmony::render_chat(cr, *tok).tokens;
+    forced = forced_call(run->req.chat_body.value("tool_choice", json()), cr);
+    prompt.insert(prompt.end(), forced.begin(), forced.end());
   } catch (const UnknownResponse& ex) {
     send_error(res, 404, ex.what(), "not_found_error", "previous_response_id");
     return;
@@ -70,7 +72,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     return;
   }
   std::vector<std::unique_ptr<ChoiceState>> choices;
-  if (!submit(*e, prompt, p, true, choices, res)) return;
+  if (!submit(*e, prompt, p, true, choices, res, forced)) return;
   auto c = std::shared_ptr<ChoiceState>(std::move(choices.front()));
   run->prompt_tokens = int(prompt.size());
   const auto t0 = clock_t_::now();
@@ -83,6 +85,8 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     bool first = true;
     while (run->finish.empty()) {
       for (auto& ev : c->ch->pop(std::chrono::milliseconds(50))) {
+        for (auto& h : c->pending) out.event(h);  // a forced call's start
+        c->pending.clear();
         if (ev.token >= 0) {
           const auto now = clock_t_::now();
           if (first) metrics.ttft(secs(now - t0)); else metrics.itl(secs(now - last));

@@ -13,7 +13,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   auto body = body_of(req, res);
   if (!body) return;
   CommonParams p;
-  std::vector<int32_t> prompt;
+  std::vector<int32_t> prompt, forced;
   runtime::Engine* e = nullptr;
   try {
     p = parse_common(*body, chat, opt.limits);
@@ -24,6 +24,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       harmony::ChatRequest cr = harmony::chat_request_from_json(*body);
       if (body->contains("tool_choice") && (*body)["tool_choice"] == "none") cr.tools = json::array();
       prompt = harmony::render_chat(cr, *tok).tokens;
+      forced = forced_call(body->value("tool_choice", json()), cr);
+      prompt.insert(prompt.end(), forced.begin(), forced.end());
     } else {
       if (!body->contains("prompt")) throw InvalidRequest("prompt", "'prompt' is required");
       const json& pr = (*body)["prompt"];
@@ -50,7 +52,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     return;
   }
   auto choices = std::make_shared<std::vector<std::unique_ptr<ChoiceState>>>();
-  if (!submit(*e, prompt, p, chat, *choices, res)) return;
+  if (!submit(*e, prompt, p, chat, *choices, res, forced)) return;
   const auto t0 = clock_t_::now();
   const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();

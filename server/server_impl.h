@@ -51,6 +51,7 @@ struct ChoiceState {
   int completion_tokens = 0;
   int cached_tokens = 0;                           // prompt tokens the prefix cache served
   bool role_sent = false;                          // streaming chat: the role chunk went out
+  std::vector<harmony::Event> pending;             // the forced prefix's events, sent with the first token
   bool stopped_by_string = false;
 };
 
@@ -106,8 +107,11 @@ struct Server::Impl {
   }
 
   // Submits n choices; answers 429 and returns false if the queue is full.
+  // `forced`: the prompt's last tokens, the start of a forced tool call (forced_tool_call_prefix): each
+  // choice's parser reads them first, so the call's name is reported like a generated one.
   bool submit(runtime::Engine& e, const std::vector<int32_t>& prompt, const CommonParams& p, bool chat,
-              std::vector<std::unique_ptr<ChoiceState>>& out, httplib::Response& res) {
+              std::vector<std::unique_ptr<ChoiceState>>& out, httplib::Response& res,
+              const std::vector<int32_t>& forced = {}) {
     int limit = e.max_model_len();
     int max_tokens = p.max_tokens < 0 ? limit - int(prompt.size()) : p.max_tokens;
     if (int(prompt.size()) + std::max(max_tokens, 1) > limit) {
@@ -122,8 +126,13 @@ struct Server::Impl {
     for (int i = 0; i < p.n; ++i) {
       auto c = std::make_unique<ChoiceState>();
       c->index = i;
-      if (chat) c->parser = std::make_unique<harmony::StreamParser>(tok);
-      else c->dec = std::make_unique<IncrementalDecoder>(tok);
+      if (chat) {
+        c->parser = std::make_unique<harmony::StreamParser>(tok);
+        for (int32_t t : forced)
+          for (auto& h : c->parser->push(t)) c->pending.push_back(std::move(h));
+      } else {
+        c->dec = std::make_unique<IncrementalDecoder>(tok);
+      }
       runtime::GenRequest g;
       g.prompt = prompt;
       g.sampling = p.sampling;
@@ -189,8 +198,10 @@ struct Server::Impl {
       // A request's own stop_token_ids end the text like a stop string: the token is not output.
       bool user_stop = ev.stop_token && std::find(chat_stop_ids.begin(), chat_stop_ids.end(), ev.token) == chat_stop_ids.end();
       if (chat) {
-        std::vector<harmony::Event> evs;
-        if (!user_stop) evs = c.parser->push(ev.token);
+        std::vector<harmony::Event> evs = std::move(c.pending);
+        c.pending.clear();
+        if (!user_stop)
+          for (auto& h : c.parser->push(ev.token)) evs.push_back(std::move(h));
         if (finishing) {
           auto more = c.parser->finish();
           evs.insert(evs.end(), more.begin(), more.end());
@@ -265,6 +276,14 @@ struct Server::Impl {
   }
   // The error object of a failed generation, as a body or as an SSE data line.
   static std::string error_json(const std::string& msg) { return error_body(msg, "internal_error", "", 500).dump(); }
+
+  // tool_choice required / named (chat form) with tools: the forced call's first tokens, appended to
+  // the prompt (harmony::forced_tool_call_prefix); empty otherwise.
+  std::vector<int32_t> forced_call(const json& tool_choice, const harmony::ChatRequest& cr) const {
+    if (cr.tools.empty()) return {};
+    const std::string pre = harmony::forced_tool_call_prefix(tool_choice);
+    return pre.empty() ? std::vector<int32_t>{} : tok->encode(pre, /*allow_special=*/true);
+  }
 
   void handle_generate(const httplib::Request& req, httplib::Response& res, bool chat);
   // responses.cpp

@@ -123,3 +123,25 @@ test('bad inputs answer 400 (404 for unknown ids) in the OpenAI error shape, nam
   assert.equal((await raw('/v1/responses', { body: '{"input": ' })).status, 400);
   assert.equal((await raw('/v1/responses/resp_nope', { method: 'DELETE' })).status, 404);
 });
+
+test('tool_choice naming a function forces a call to it (chat and responses)', async () => {
+  const fn = { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } };
+  const chat = await oa.chat.completions.create({
+    model: MODEL, messages: [{ role: 'user', content: 'Weather?' }], max_tokens: 8,
+    tools: [{ type: 'function', function: fn }], tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  });
+  const calls = chat.choices[0].message.tool_calls;
+  assert.ok(calls && calls.length >= 1, 'a tool call');
+  assert.equal(calls[0].function.name, 'get_weather');
+  assert.equal(typeof calls[0].function.arguments, 'string');
+  const r = await oa.responses.create({
+    model: MODEL, input: 'Weather?', max_output_tokens: 8,
+    tools: [{ type: 'function', ...fn }], tool_choice: { type: 'function', name: 'get_weather' },
+  });
+  checkResponse(r);
+  assert.equal(r.output[0].type, 'function_call');
+  assert.equal(r.output[0].name, 'get_weather');
+  assert.match(r.output[0].call_id, /^call_/);
+  // required lets the model name the function (a random model may not finish a header): shapes only.
+  checkResponse(await oa.responses.create({ model: MODEL, input: 'x', max_output_tokens: 8, tools: [{ type: 'function', ...fn }], tool_choice: 'required' }));
+});

@@ -197,6 +197,28 @@ Collected run(const std::shared_ptr<const Tokenizer>& tok, const std::vector<int
   return c;
 }
 
+// tool_choice forcing: the prompt ends with the call's start; the parser reads it first, then the
+// generated arguments (a random model's too) belong to that call.
+TEST(Harmony, ForcedToolCallPrefix) {
+  EXPECT_EQ(forced_tool_call_prefix(json("auto")), "");
+  EXPECT_EQ(forced_tool_call_prefix(json("none")), "");
+  EXPECT_EQ(forced_tool_call_prefix(json()), "");
+  EXPECT_EQ(forced_tool_call_prefix(json("required")), "<|channel|>commentary to=functions.");
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  EXPECT_EQ(forced_tool_call_prefix(named), "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>");
+  NEED_TOK();
+  bool call_end = false;
+  Collected c = run(tok, enc(*tok, forced_tool_call_prefix(named) + "{\"city\":\"Oslo\"}<|call|>"), &call_end);
+  EXPECT_EQ(c.begins, 1);
+  EXPECT_EQ(c.tool_name, "get_weather");
+  EXPECT_EQ(c.args, "{\"city\":\"Oslo\"}");
+  EXPECT_TRUE(call_end);
+  // required: the model names the function.
+  c = run(tok, enc(*tok, forced_tool_call_prefix(json("required")) + "lookup <|constrain|>json<|message|>{}<|call|>"));
+  EXPECT_EQ(c.tool_name, "lookup");
+  EXPECT_EQ(c.args, "{}");
+}
+
 }  // namespace
 
 TEST(HarmonyParser, AnalysisThenFinal) {
