@@ -48,8 +48,12 @@ struct StreamParser::Impl {
     if (recipient.rfind("functions.", 0) == 0 && recipient.size() > 10) {
       target = Target::kTool;
       out.push_back({Event::Kind::kToolCallBegin, "", recipient.substr(10)});
+    } else if (!recipient.empty() && recipient != "assistant" && recipient != "user") {
+      // A built-in tool (browser.search, python, ...): a call named after its recipient, not text.
+      target = Target::kTool;
+      out.push_back({Event::Kind::kToolCallBegin, "", recipient});
     } else if (channel == "analysis" || !recipient.empty()) {
-      target = Target::kReasoning;  // built-in tool calls (browser, python) are not surfaced either
+      target = Target::kReasoning;
     } else {
       target = Target::kContent;    // final, commentary preambles, unknown channels
     }

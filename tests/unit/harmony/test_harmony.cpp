@@ -219,6 +219,22 @@ TEST(Harmony, ForcedToolCallPrefix) {
   EXPECT_EQ(c.args, "{}");
 }
 
+// Built-in tools (browser, python) are tool calls named after the recipient, not reasoning or text.
+TEST(Harmony, BuiltInToolCallsAreCalls) {
+  NEED_TOK();
+  bool call_end = false;
+  Collected c = run(tok, enc(*tok, "<|channel|>analysis to=browser.search <|constrain|>json<|message|>{\"query\":\"x\"}<|call|>"), &call_end);
+  EXPECT_EQ(c.tool_name, "browser.search");
+  EXPECT_EQ(c.args, "{\"query\":\"x\"}");
+  EXPECT_EQ(c.reasoning, "");
+  EXPECT_TRUE(call_end);
+  c = run(tok, enc(*tok, "<|channel|>analysis<|message|>Compute.<|end|><|start|>assistant to=python<|channel|>analysis<|message|>print(1+1)<|call|>"));
+  EXPECT_EQ(c.reasoning, "Compute.");
+  EXPECT_EQ(c.tool_name, "python");
+  EXPECT_EQ(c.args, "print(1+1)");
+  EXPECT_EQ(c.content, "");
+}
+
 }  // namespace
 
 TEST(HarmonyParser, AnalysisThenFinal) {
