@@ -134,22 +134,11 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
   };
 
   if (!run->req.stream) {
-    // Chunked, with a space a second while generating, so a client that gives up is noticed.
     res.set_chunked_content_provider("application/json", [=](size_t, httplib::DataSink& sink) {
       return guarded(sink, abort, error_json, [&] {
         OutputBuilder out(nullptr);
-        auto last = clock_t_::now();
-        bool ok = drive(out, [&] {
-          if (clock_t_::now() - last < std::chrono::seconds(1)) return true;
-          last = clock_t_::now();
-          return sink.is_writable() && sink.write(" ", 1);
-        });
-        if (ok) {
-          std::string b = finish_and_store(out).dump(-1, ' ', false, json::error_handler_t::replace);
-          ok = sink.write(b.data(), b.size());
-        }
-        sink.done();
-        return ok;
+        const bool ok = drive(out, keepalive(sink));
+        return send_body(sink, ok, [&] { return finish_and_store(out).dump(-1, ' ', false, json::error_handler_t::replace); });
       });
     });
     return;

@@ -137,23 +137,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       out["usage"] = usage();
       return out.dump(-1, ' ', false, json::error_handler_t::replace);
     };
-    // Sent chunked so a client that gives up is noticed: while tokens are generated a space
-    // (valid leading JSON whitespace) goes out every second, and a write to a closed socket
-    // fails, which aborts the request like a dropped stream instead of running to max_tokens.
     res.set_chunked_content_provider("application/json", [=](size_t, httplib::DataSink& sink) {
       return guarded(sink, abort_all, error_json, [&] {
-        auto last = clock_t_::now();
-        bool ok = drive([&](ChoiceState&, json&) {
-          if (clock_t_::now() - last < std::chrono::seconds(1)) return true;
-          last = clock_t_::now();
-          return sink.is_writable() && sink.write(" ", 1);
-        });
-        if (ok) {
-          std::string b = full_body();
-          ok = sink.write(b.data(), b.size());
-        }
-        sink.done();
-        return ok;
+        auto alive = keepalive(sink);
+        return send_body(sink, drive([&](ChoiceState&, json&) { return alive(); }), full_body);
       });
     });
     return;

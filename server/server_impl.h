@@ -274,6 +274,26 @@ struct Server::Impl {
     }
     return false;
   }
+  // Non-streaming bodies go out chunked so that a client that gives up is noticed: `alive()` writes a
+  // space (leading JSON whitespace) once a second while tokens are generated, and a write to a closed
+  // socket fails, which aborts the request like a dropped stream instead of running to max_tokens.
+  static std::function<bool()> keepalive(httplib::DataSink& sink) {
+    auto last = std::make_shared<clock_t_::time_point>(clock_t_::now());
+    return [&sink, last] {
+      if (clock_t_::now() - *last < std::chrono::seconds(1)) return true;
+      *last = clock_t_::now();
+      return sink.is_writable() && sink.write(" ", 1);
+    };
+  }
+  // Then the body itself, when generation ran to its end (`ok`).
+  static bool send_body(httplib::DataSink& sink, bool ok, const std::function<std::string()>& body) {
+    if (ok) {
+      const std::string b = body();
+      ok = sink.write(b.data(), b.size());
+    }
+    sink.done();
+    return ok;
+  }
   // The error object of a failed generation, as a body or as an SSE data line.
   static std::string error_json(const std::string& msg) { return error_body(msg, "internal_error", "", 500).dump(); }
 
