@@ -28,6 +28,7 @@ struct ServeOptions {
   int max_num_seqs = 256;  // vLLM's defaults; docs/perf.md (session 22) has the load runs
   int max_num_batched_tokens = 8192;
   int max_waiting = 256;
+  int max_prefill_tokens_with_decodes = 2048;  // runtime::EngineOptions
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
   std::string device = "auto";
@@ -130,7 +131,9 @@ void run_serve(ServeOptions o) {
     LoadedRunner loaded = load_runner(o, dev, tok->vocab_size());
     runner = std::move(loaded.runner);
     runtime::EngineOptions eo{.max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = o.max_num_batched_tokens,
-                              .max_waiting = o.max_waiting, .max_model_len = o.max_model_len,
+                              .max_waiting = o.max_waiting,
+                              .max_prefill_tokens_with_decodes = o.max_prefill_tokens_with_decodes,
+                              .max_model_len = o.max_model_len,
                               .enable_prefix_caching = o.enable_prefix_caching};
     const ModelConfig& cfg = runner->config();
     if (eo.max_model_len > cfg.max_position_embeddings)
@@ -175,6 +178,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-seqs", o->max_num_seqs)->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens)->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-waiting", o->max_waiting, "queued requests beyond this get 429")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-prefill-tokens-with-decodes", o->max_prefill_tokens_with_decodes,
+                  "prompt tokens a step takes while streams decode (0 = all of --max-num-batched-tokens)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8")->capture_default_str()->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--kv-tokens", o->kv_tokens, "CPU: KV capacity in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 24));

@@ -254,9 +254,16 @@ bool Engine::step() {
   std::stable_sort(running_.begin(), running_.end(), [](auto& a, auto& b) {
     return (int(a->tokens.size()) - a->num_computed == 1) > (int(b->tokens.size()) - b->num_computed == 1);
   });
+  // Prompt tokens this step may still take: capped once it decodes (decodes come first, by the sort).
+  int decodes = 0, prefill_used = 0;
+  auto prefill_room = [&] {
+    const int cap = opt_.max_prefill_tokens_with_decodes;
+    return decodes > 0 && cap > 0 ? std::max(0, std::min(budget, cap - prefill_used)) : budget;
+  };
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Seq& s = *running_[i];
-    int n = std::min(int(s.tokens.size()) - s.num_computed, budget);
+    const int left = int(s.tokens.size()) - s.num_computed;
+    int n = std::min(left, left == 1 ? budget : prefill_room());
     if (n <= 0) continue;
     bool ok = ensure_blocks(s, s.num_computed + n);
     while (!ok) {
@@ -276,12 +283,14 @@ bool Engine::step() {
     }
     sched.push_back({&s, n});
     budget -= n;
+    if (left == 1) ++decodes;
+    else prefill_used += n;
   }
   uint64_t prompt_tokens = 0;
-  while (!waiting_.empty() && budget > 0 && int(running_.size()) < opt_.max_num_seqs) {
+  while (!waiting_.empty() && prefill_room() > 0 && int(running_.size()) < opt_.max_num_seqs) {
     Seq& s = *waiting_.front();
     int hit = reuse_cached_prefix(s);
-    int n = std::min(int(s.tokens.size()) - s.num_computed, budget);
+    int n = std::min(int(s.tokens.size()) - s.num_computed, prefill_room());
     if (!ensure_blocks(s, s.num_computed + n)) {
       free_blocks(s);
       break;  // wait for running sequences to finish
@@ -296,6 +305,7 @@ bool Engine::step() {
     }
     sched.push_back({&s, n});
     budget -= n;
+    prefill_used += n;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }

@@ -76,6 +76,10 @@ struct EngineOptions {
   int max_num_seqs = 64;
   int max_num_batched_tokens = 2048;
   int max_waiting = 256;        // bounded queue beyond the free seats: submit() fails past it (server: 429)
+  // Prompt tokens a step may take while it also decodes (0 = the whole budget): running streams keep a
+  // short step, and so a steady TPOT, while a wave of new prompts is prefilled; a step with no decodes
+  // takes the whole max_num_batched_tokens.
+  int max_prefill_tokens_with_decodes = 2048;
   int max_model_len = 0;        // 0 = the model's max_position_embeddings
   bool enable_prefix_caching = true;
   BlockHashFn block_hash = nullptr;  // nullptr = default_block_hash; tests force collisions

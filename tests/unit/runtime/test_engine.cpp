@@ -79,6 +79,36 @@ TEST(Engine, StopTokenAndBudgetAcrossRequests) {
   EXPECT_EQ(e.stats().running, 0);
 }
 
+// While streams decode, a step takes at most max_prefill_tokens_with_decodes prompt tokens; with
+// nothing decoding it takes the whole budget.
+TEST(Engine, PrefillChunksAreShortWhileDecoding) {
+  FakeRunner r(128);
+  Engine e(r, {.max_num_seqs = 8, .max_num_batched_tokens = 64, .max_prefill_tokens_with_decodes = 16});
+  std::vector<std::shared_ptr<Channel>> chs;
+  auto submit = [&](int first, int len, int max_tokens) {
+    chs.push_back(std::make_shared<Channel>());
+    GenRequest g;
+    for (int i = 0; i < len; ++i) g.prompt.push_back(first + i);
+    g.max_tokens = max_tokens;
+    ASSERT_TRUE(e.submit(g, chs.back()));
+  };
+  for (int i = 0; i < 3; ++i) submit(100 * i, 2, 10);
+  ASSERT_TRUE(e.step());  // three prompts, nothing decoding yet
+  submit(500, 40, 2);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(e.step());
+  // 6 prompt tokens; then 3 decodes with 16, 16 and the last 8 prompt tokens, then 4 decodes.
+  EXPECT_EQ(r.step_tokens, (std::vector<int>{6, 19, 19, 11, 4}));
+  for (int i = 0; i < 20 && e.step(); ++i) {}
+  FinishReason fin = FinishReason::kNone;
+  EXPECT_EQ(drain(*chs[3], &fin), (std::vector<int32_t>{540, 541}));
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
+  // Nothing decoding: a long prompt takes the whole budget.
+  r.step_tokens.clear();
+  submit(700, 100, 1);
+  ASSERT_TRUE(e.step());
+  EXPECT_EQ(r.step_tokens, (std::vector<int>{64}));
+}
+
 TEST(Engine, PreemptionByRecomputeKeepsOutputCorrect) {
   FakeRunner r(6, 4);  // 24 tokens of KV for two requests that need 2 * 16
   Engine e(r, {.max_num_seqs = 4, .max_num_batched_tokens = 64});
