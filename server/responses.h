@@ -17,10 +17,12 @@ namespace mx::server {
 
 // Stored responses (store: true, the default) for GET / DELETE /v1/responses/{id} and
 // previous_response_id: the response object and the conversation it continues plus its own output,
-// as chat messages. Bounded: past `capacity` the oldest response is evicted. Thread-safe.
+// as chat messages. Bounded by count and by bytes (their JSON): past either the oldest responses are
+// evicted. Thread-safe.
 class ResponseStore {
  public:
   static constexpr size_t kCapacity = 1024;
+  static constexpr size_t kMaxBytes = size_t(256) << 20;
   struct Entry {
     nlohmann::json response;
     nlohmann::json messages;  // chat messages, instructions excluded (they do not carry over)
@@ -31,9 +33,14 @@ class ResponseStore {
   size_t size() const;
 
  private:
+  struct Stored {
+    Entry e;
+    size_t bytes = 0;
+  };
   mutable std::mutex mu_;
-  std::unordered_map<std::string, Entry> map_;
-  std::deque<std::string> order_;  // oldest first (ids erased from map_ may linger here)
+  std::unordered_map<std::string, Stored> map_;
+  std::deque<std::string> order_;  // the stored ids, oldest first
+  size_t bytes_ = 0;
 };
 
 // A previous_response_id the store does not hold (the server answers 404).

@@ -1,6 +1,8 @@
 // /v1/responses request -> chat conversation, and the bounded response store (responses.h).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "server/responses.h"
 
@@ -124,14 +126,21 @@ json chat_tool_choice(const json& tc) {
 }  // namespace
 
 void ResponseStore::put(const std::string& id, Entry e) {
+  const size_t bytes = e.response.dump(-1, ' ', false, json::error_handler_t::replace).size() +
+                       e.messages.dump(-1, ' ', false, json::error_handler_t::replace).size();
   std::lock_guard lk(mu_);
-  if (map_.insert_or_assign(id, std::move(e)).second) order_.push_back(id);
-  while (map_.size() > kCapacity && !order_.empty()) {
-    map_.erase(order_.front());
-    order_.pop_front();
+  if (auto it = map_.find(id); it != map_.end()) {  // replaced: it keeps its place in the order
+    bytes_ -= it->second.bytes;
+    it->second = Stored{std::move(e), bytes};
+  } else {
+    map_.emplace(id, Stored{std::move(e), bytes});
+    order_.push_back(id);
   }
-  while (order_.size() > 2 * kCapacity) {  // ids deleted by erase(): drop the stale ones
-    if (map_.count(order_.front())) order_.push_back(order_.front());
+  bytes_ += bytes;
+  while ((map_.size() > kCapacity || bytes_ > kMaxBytes) && !order_.empty()) {
+    auto old = map_.find(order_.front());
+    bytes_ -= old->second.bytes;
+    map_.erase(old);
     order_.pop_front();
   }
 }
@@ -140,12 +149,17 @@ std::optional<ResponseStore::Entry> ResponseStore::get(const std::string& id) co
   std::lock_guard lk(mu_);
   auto it = map_.find(id);
   if (it == map_.end()) return std::nullopt;
-  return it->second;
+  return it->second.e;
 }
 
 bool ResponseStore::erase(const std::string& id) {
   std::lock_guard lk(mu_);
-  return map_.erase(id) > 0;
+  auto it = map_.find(id);
+  if (it == map_.end()) return false;
+  bytes_ -= it->second.bytes;
+  map_.erase(it);
+  order_.erase(std::find(order_.begin(), order_.end(), id));  // at most kCapacity entries
+  return true;
 }
 
 size_t ResponseStore::size() const {

@@ -116,6 +116,15 @@ TEST(Responses, StoreIsBoundedAndErases) {
   EXPECT_FALSE(store.get("r1"));
   for (int i = 0; i < 5000; ++i) store.put(fmt::format("s{}", i), {json(i), json::array()});
   EXPECT_EQ(store.size(), ResponseStore::kCapacity);
+  EXPECT_TRUE(store.get("s4999"));
+  EXPECT_FALSE(store.get(fmt::format("s{}", 4999 - ResponseStore::kCapacity)));
+  // The byte bound: large conversations evict the oldest before the count bound is reached.
+  ResponseStore big;
+  const json huge = json::array({{{"role", "user"}, {"content", std::string(ResponseStore::kMaxBytes / 4, 'x')}}});
+  for (int i = 0; i < 6; ++i) big.put(fmt::format("b{}", i), {json::object(), huge});
+  EXPECT_EQ(big.size(), 3u);
+  EXPECT_FALSE(big.get("b2"));
+  EXPECT_TRUE(big.get("b3") && big.get("b5"));
 }
 
 TEST(Responses, OutputItemsAndStreamEvents) {
