@@ -72,6 +72,7 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
     ro.model_dir = o.model_dir;
     ro.num_threads = o.threads;
     ro.kv_tokens = o.kv_tokens;
+    ro.kv_fp8 = o.kv_cache_dtype == "fp8";
     ro.vocab_limit = vocab_limit;
     auto runner = std::make_unique<CpuRunner>(ro);
     const int cap = max_sequence_tokens(runner->kv_shape(), o.max_num_batched_tokens);
@@ -95,7 +96,6 @@ void run_serve(ServeOptions o) {
   const Device dev = resolve_device(o.device);
   if (o.kv_cache_dtype == "fp8" && dev == Device::kCuda)
     fail("--kv-cache-dtype fp8 is not supported yet on the CUDA engine; use auto or bf16");
-  if (o.kv_cache_dtype == "fp8") fail("--kv-cache-dtype fp8 is not implemented on the CPU runner; use auto or bf16");
   if (!o.dummy_weights.empty()) {
     if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
     if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");
@@ -146,9 +146,11 @@ void run_serve(ServeOptions o) {
     engine = std::make_unique<runtime::Engine>(*runner, eo);
     engine->start();
     srv.attach(engine.get(), tok, cfg.eos_token_ids);
-    log::info("model loaded on {}: {} layers, max_model_len {}, KV {} blocks x {} tokens, prefix caching {}",
+    log::info("model loaded on {}: {} layers, max_model_len {}, KV {} blocks x {} tokens ({} tokens, {}), prefix "
+              "caching {}",
               device_name(dev), cfg.num_layers, engine->max_model_len(), runner->kv_shape().num_blocks,
-              runner->kv_shape().block_size, o.enable_prefix_caching ? "on" : "off");
+              runner->kv_shape().block_size, int64_t(runner->kv_shape().num_blocks) * runner->kv_shape().block_size,
+              o.kv_cache_dtype == "fp8" ? "fp8 e4m3" : "bf16", o.enable_prefix_caching ? "on" : "off");
   } catch (...) {
     srv.stop();
     http.join();

@@ -16,6 +16,7 @@ CpuRunner::CpuRunner(const CpuRunnerOptions& opt)
     fail("KV cache of {} tokens in blocks of {} is too small", opt.kv_tokens, opt.kv_block_size);
   ref_ = std::make_unique<CpuReference>(cfg_, weights_, &pool_);
   kv_.allocate(cfg_, opt.kv_block_size, opt.kv_tokens / opt.kv_block_size);
+  kv_.fp8 = opt.kv_fp8;
   for (uint8_t sl : cfg_.layer_is_sliding)
     if (sl) sliding_window_ = cfg_.sliding_window;
   vocab_limit_ = opt.vocab_limit > 0 && opt.vocab_limit < cfg_.vocab_size ? opt.vocab_limit : cfg_.vocab_size;

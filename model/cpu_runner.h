@@ -20,6 +20,7 @@ struct CpuRunnerOptions {
   int kv_block_size = 16;
   int kv_tokens = 16384;       // KV capacity in tokens (all sequences together)
   int vocab_limit = 0;         // ids >= this are never sampled (tokenizer size); 0 = model vocab
+  bool kv_fp8 = false;         // --kv-cache-dtype fp8 (CpuKvCache::fp8)
 };
 
 class CpuRunner : public ModelRunner {
