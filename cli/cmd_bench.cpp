@@ -360,7 +360,6 @@ void run_bench(const BenchOptions& o) {
       row.experts = expected_distinct_experts(shape, B);
       if (B > 8) {
         set_steps(n);  // tk holds each row's next token; rows own blocks up to depth + max_tg
-        std::vector<int32_t> keep = tk;
         hooks.set_profiling(true);
         r->step(steps, out);
         hooks.set_profiling(false);
@@ -370,7 +369,6 @@ void run_bench(const BenchOptions& o) {
           for (int e : routed) row.experts += double(e) / routed.size();
           row.experts_counted = true;
         }
-        tk = keep;
       }
       // KV read per token: every full layer reads the context, every sliding layer its window
       // (clone rows share one context, so theirs is an upper bound of what the GPU reads).

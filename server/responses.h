@@ -73,7 +73,7 @@ class OutputBuilder {
   std::string text() const;        // output_text: the messages' text
 
  private:
-  std::string kind() const;
+  const std::string& kind() const;  // the last item's type
   void open(const std::string& type, const std::string& name = "");
   void append(const std::string& text, const char* delta_type);
 

@@ -62,7 +62,10 @@ std::string OutputBuilder::text() const {
   return t;
 }
 
-std::string OutputBuilder::kind() const { return items_.empty() ? "" : items_.back()["type"].get<std::string>(); }
+const std::string& OutputBuilder::kind() const {
+  static const std::string none;
+  return items_.empty() ? none : items_.back()["type"].get_ref<const std::string&>();
+}
 
 void OutputBuilder::open(const std::string& type, const std::string& name) {
   if (open_ && kind() == type && type != "function_call") return;
@@ -94,11 +97,11 @@ void OutputBuilder::append(const std::string& text, const char* delta_type) {
   json& it = items_.back();
   const int idx = int(items_.size()) - 1;
   if (kind() == "function_call") {
-    it["arguments"] = it["arguments"].get<std::string>() + text;
+    it["arguments"].get_ref<std::string&>() += text;  // in place: no copy of the text so far
     send({{"type", delta_type}, {"item_id", it["id"]}, {"output_index", idx}, {"delta", text}});
   } else {
     json& part = it["content"][0];
-    part["text"] = part["text"].get<std::string>() + text;
+    part["text"].get_ref<std::string&>() += text;
     send({{"type", delta_type}, {"item_id", it["id"]}, {"output_index", idx}, {"content_index", 0}, {"delta", text}});
   }
 }

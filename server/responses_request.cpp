@@ -68,7 +68,7 @@ void append_input(const json& input, json& messages) {
       const std::string text = text_of(it["content"], p + ".content");
       if (role == "assistant") {
         json& m = assistant_turn();
-        m["content"] = m["content"].get<std::string>() + text;
+        m["content"].get_ref<std::string&>() += text;
       } else {
         turn = nullptr;
         messages.push_back({{"role", role}, {"content", text}});
@@ -257,7 +257,7 @@ json output_as_message(const json& output) {
     } else if (type == "message") {
       std::string text;
       for (const json& c : it.value("content", json::array())) text += c.value("text", "");
-      m["content"] = m["content"].get<std::string>() + text;
+      m["content"].get_ref<std::string&>() += text;
     } else if (type == "function_call") {
       m["tool_calls"].push_back({{"id", it.value("call_id", "")}, {"type", "function"},
                                  {"function", {{"name", it.value("name", "")}, {"arguments", it.value("arguments", "{}")}}}});
