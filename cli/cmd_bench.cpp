@@ -31,6 +31,7 @@ struct BenchOptions {
   bool clone_rows = false;  // decode rows share row 0's prompt and first token (an optimistic figure)
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
+  std::string kv_cache_dtype = "auto";
 };
 
 struct Stat { double mean = 0, sd = 0; };
@@ -210,6 +211,7 @@ void run_bench(const BenchOptions& o) {
   eo.preset = o.preset;
   eo.model_dir = o.model;
   eo.gpu_memory_utilization = o.gpu_mem;
+  eo.kv_fp8 = o.kv_cache_dtype == "fp8";
   eo.block_size = 16;
   eo.max_model_len = o.depth + std::max(max_pp, max_tg) + 16;
   eo.max_num_seqs = max_b;
@@ -222,9 +224,10 @@ void run_bench(const BenchOptions& o) {
   auto r = make_cuda_runner(eo);
   CudaBenchHooks hooks(*r);
   const auto ls = r->load_stats();
-  std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB\n",
+  std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB (%s, %lld tokens)\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ls.weight_bytes / 1e9,
-               ls.upload_gbps, ls.kv_bytes / 1e9);
+               ls.upload_gbps, ls.kv_bytes / 1e9, eo.kv_fp8 ? "fp8 e4m3" : "bf16",
+               (long long)r->kv_shape().num_blocks * r->kv_shape().block_size);
   const double copy_gbps = measure_d2d_bandwidth_gbps(size_t(1) << 30);
   const int bs = eo.block_size, V = r->config().vocab_size;
   const int window = r->kv_shape().sliding_window;
@@ -376,7 +379,8 @@ void run_bench(const BenchOptions& o) {
       const double ctx = o.depth + n / 2.0;
       double kv_bytes = 0;
       for (int l = 0; l < c.num_layers; ++l)
-        kv_bytes += (window > 0 && c.layer_is_sliding[size_t(l)] ? std::min<double>(ctx, window) : ctx) * c.kv_dim() * 4;
+        kv_bytes += (window > 0 && c.layer_is_sliding[size_t(l)] ? std::min<double>(ctx, window) : ctx) * c.kv_dim() * 2 *
+                    (eo.kv_fp8 ? 1 : 2);
       row.bytes = step_weight_bytes(shape, row.experts * c.num_layers, B) / B + kv_bytes;
       row.gbps = row.bytes * row.tps.mean / 1e9;
       row.pct = 100.0 * row.gbps / copy_gbps;
@@ -439,6 +443,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--depth", o->depth, "KV depth filled before each test")->check(CLI::NonNegativeNumber);
   cmd->add_option("--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-memory-utilization", o->gpu_mem, "fraction of GPU memory to use")->check(CLI::Range(0.05, 1.0));
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--prefill-min-tokens", o->prefill_min_tokens,
                   "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");

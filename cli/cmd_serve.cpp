@@ -86,7 +86,7 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
                                         .max_model_len = max_model_len, .max_num_seqs = o.max_num_seqs,
                                         .max_tokens_per_step = o.max_num_batched_tokens,
                                         .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights,
-                                        .decode_ahead = o.decode_ahead});
+                                        .decode_ahead = o.decode_ahead, .kv_fp8 = o.kv_cache_dtype == "fp8"});
   const KvCacheShape kv = runner->kv_shape();
   return {std::move(runner), std::min(max_model_len, max_sequence_tokens(kv, o.max_num_batched_tokens)),
           "--gpu-memory-utilization"};
@@ -94,8 +94,6 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
 
 void run_serve(ServeOptions o) {
   const Device dev = resolve_device(o.device);
-  if (o.kv_cache_dtype == "fp8" && dev == Device::kCuda)
-    fail("--kv-cache-dtype fp8 is not supported yet on the CUDA engine; use auto or bf16");
   if (!o.dummy_weights.empty()) {
     if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
     if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");

@@ -53,6 +53,7 @@ std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
   eo.dummy_weights = !f.dummy_preset.empty();
   eo.preset = f.dummy_preset;
   eo.decode_ahead = f.decode_ahead;
+  eo.kv_fp8 = f.kv_fp8;
   return make_cuda_runner(eo);
 #else
   (void)f;

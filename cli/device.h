@@ -25,6 +25,7 @@ struct CudaRunnerFlags {
   int vocab_limit = 0;          // tokenizer size: ids past it are never sampled
   std::string dummy_preset;     // 20b | 120b: random weights made on the GPU, no checkpoint read
   bool decode_ahead = true;     // CudaEngineOptions::decode_ahead
+  bool kv_fp8 = false;          // --kv-cache-dtype fp8
 };
 constexpr int kCudaBlockSize = 16;
 

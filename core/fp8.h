@@ -1,7 +1,7 @@
 // FP8 E4M3 (OCP 8-bit floating point: 4 exponent bits, bias 7, 3 mantissa bits, no infinities,
-// S.1111.111 is NaN, largest finite 448) and MXFP8 blocks (OCP Microscaling: 32 consecutive values
-// share one E8M0 power-of-two scale). The FP8 KV cache stores each token's K and V rows this way;
-// these host functions define its numerics (the CPU reference rounds through them).
+// S.1111.111 is NaN, largest finite 448). The FP8 KV cache stores each K and V value this way; these
+// host functions define its numerics (the CPU reference rounds through them, the CUDA kernels' hardware
+// conversions match them bit for bit).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -36,27 +36,7 @@ inline uint8_t f32_to_e4m3(float x) {
   return sign | uint8_t(code);
 }
 
-// MXFP8 block scale: the E8M0 exponent s of 32 (or fewer) values, the smallest with
-// max |x| <= 448 * 2^s, so no value saturates (OCP MX's floor(log2(max)) - 8 would clip a block's
-// largest values in [448, 512) * 2^s by up to 12 %; this costs at most one bit at the bottom).
-inline int mxfp8_scale_exponent(const float* x, int n) {
-  float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  if (amax == 0.0f || !std::isfinite(amax)) return -127;
-  int e;
-  std::frexp(amax, &e);  // amax in [2^(e-1), 2^e), so amax / 2^(e-9) in [256, 512)
-  const int s = amax > std::ldexp(448.0f, e - 9) ? e - 8 : e - 9;
-  return std::clamp(s, -127, 127);
-}
-
-// Rounds n values in place to MXFP8 E4M3: blocks of 32 consecutive values (the last may be shorter),
-// each quantized with its block's power-of-two scale and restored.
-inline void mxfp8_round(float* x, int n) {
-  for (int b = 0; b < n; b += 32) {
-    const int m = std::min(32, n - b);
-    const int s = mxfp8_scale_exponent(x + b, m);
-    for (int i = 0; i < m; ++i) x[b + i] = std::ldexp(e4m3_to_f32(f32_to_e4m3(std::ldexp(x[b + i], -s))), s);
-  }
-}
+// A value as the FP8 KV cache stores it (a scale of one, kv_cache.h): E4M3 rounded and widened back.
+inline float e4m3_round(float x) { return e4m3_to_f32(f32_to_e4m3(x)); }
 
 }  // namespace mx

@@ -93,10 +93,11 @@ void CpuReference::attention(int l, int pos, const int32_t* table, CpuKvCache& k
   std::vector<float>& vc = kv.v[size_t(kv.array_of[size_t(l)])];
   std::copy(k_.begin(), k_.end(), kc.begin() + slot(pos));
   std::copy(v_.begin(), v_.end(), vc.begin() + slot(pos));
-  if (kv.fp8) {
-    mxfp8_round(&kc[slot(pos)], kvd);
-    mxfp8_round(&vc[slot(pos)], kvd);
-  }
+  if (kv.fp8)
+    for (int i = 0; i < kvd; ++i) {
+      kc[slot(pos) + size_t(i)] = e4m3_round(kc[slot(pos) + size_t(i)]);
+      vc[slot(pos) + size_t(i)] = e4m3_round(vc[slot(pos) + size_t(i)]);
+    }
   // Sliding layers see the last `sliding_window` positions including this one.
   const int lo = cfg_.layer_is_sliding[l] ? std::max(0, pos - cfg_.sliding_window + 1) : 0;
   const float scale = 1.0f / std::sqrt(float(D));

@@ -20,8 +20,8 @@ namespace mx {
 struct CpuKvCache {
   int block_size = 16;
   int num_blocks = 0;
-  // FP8 KV (--kv-cache-dtype fp8): each token's K and V rows are rounded to MXFP8 E4M3 when written
-  // (blocks of 32 values with a power-of-two scale, core/fp8.h); the values stay fp32 here.
+  // FP8 KV (--kv-cache-dtype fp8): each K and V value is rounded to E4M3 when written (a scale of
+  // one, core/fp8.h); the values stay fp32 here.
   bool fp8 = false;
   std::vector<std::vector<float>> k, v;  // [array]
   std::vector<int> array_of;             // [layer]

@@ -55,6 +55,7 @@ Engine::Engine(ModelRunner& runner, const EngineOptions& opt)
       pool_(runner.kv_shape().num_blocks, runner.kv_shape().block_size, opt.enable_prefix_caching, opt.block_hash) {
   MX_CHECK(block_size_ > 0, "bad KV block size {}", block_size_);
   MX_CHECK(opt_.max_num_seqs > 0 && opt_.max_num_batched_tokens > 0, "max_num_seqs and max_num_batched_tokens must be > 0");
+  stats_.kv_capacity_tokens = int64_t(pool_.num_blocks()) * pool_.block_size();
 }
 
 Engine::~Engine() {
@@ -315,6 +316,7 @@ bool Engine::step() {
     stats_.running = int(running_.size());
     stats_.waiting = int(waiting_.size());
     stats_.kv_usage = 1.0 - double(pool_.num_free()) / pool_.num_blocks();
+    stats_.kv_capacity_tokens = int64_t(pool_.num_blocks()) * pool_.block_size();
     stats_.cached_blocks = pool_.num_cached();
   };
   if (sched.empty()) {

@@ -89,6 +89,7 @@ struct EngineStats {
   int running = 0;
   int waiting = 0;
   double kv_usage = 0.0;       // fraction of blocks in use
+  int64_t kv_capacity_tokens = 0;  // blocks x block size of the pool (full and sliding pages alike)
   uint64_t preemptions = 0;
   uint64_t prompt_tokens = 0;
   uint64_t generation_tokens = 0;

@@ -32,6 +32,7 @@ std::string Metrics::text(const std::string& model, const runtime::EngineStats& 
   gauge("vllm:num_requests_running", st.running);
   gauge("vllm:num_requests_waiting", st.waiting);
   gauge("vllm:kv_cache_usage_perc", st.kv_usage);
+  gauge("mxserve:kv_cache_capacity_tokens", double(st.kv_capacity_tokens));
   counter("vllm:num_preemptions_total", st.preemptions);
   counter("vllm:prompt_tokens_total", st.prompt_tokens);
   counter("vllm:generation_tokens_total", st.generation_tokens);

@@ -1,7 +1,8 @@
-// Decode attention over the paged bf16 KV cache: one CTA per (KV head, head group, token, key split)
-// handles heads_per_cta of the 8 query heads of its GQA group, which share its K/V loads. Splits write
-// (max, sum, output) partials; the last CTA of a (token, KV head, head group), found by an atomic
-// ticket, merges them and adds the sink exp(sink - max) to the denominator exactly once.
+// Decode attention over the paged KV cache (bf16 or fp8, kv_cache.h): one CTA per (KV head, head
+// group, token, key split) handles heads_per_cta of the 8 query heads of its GQA group, which share
+// its K/V loads. Splits write (max, sum, output) partials; the last CTA of a (token, KV head, head
+// group), found by an atomic ticket, merges them and adds the sink exp(sink - max) to the denominator
+// exactly once.
 // Sliding-window layers simply start at pos - window + 1. A split covers at least 128 keys, so
 // sliding-window layers and short contexts run as one split that writes its output directly.
 #pragma once
@@ -22,7 +23,7 @@ struct AttnDecodeParams {
   const float* q = nullptr;             // fp32, query of token r at q + r * q_stride, RoPE applied
   int q_stride = 0;                     // Hq * D, or the fused qkv row length
   const int32_t* rows = nullptr;        // optional [M]: query i is token rows[i] (q, pos, bt_off, out)
-  KvLayer kv;                           // the layer's paged cache (bf16, kv_cache.h)
+  KvLayer kv;                           // the layer's paged cache (bf16 or fp8, kv_cache.h)
   const int32_t* pos = nullptr;         // [M] position of each query; keys [lo, pos] are in the cache
   const int32_t* bt_off = nullptr;      // [M] offset of each query's block table in block_tables
   const int32_t* block_tables = nullptr;

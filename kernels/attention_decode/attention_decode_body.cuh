@@ -3,6 +3,7 @@
 #pragma once
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/common/device_math.cuh"
+#include "kernels/common/kv_fp8.cuh"
 #include "kernels/common/l2_prefetch.cuh"
 
 namespace mx::cuda::body {
@@ -166,7 +167,8 @@ __device__ __forceinline__ void merge_splits_batched(const AttnDecodeParams& p, 
 // dependent math, which is what a decode step waits for. Returns true when this call wrote the final
 // output of (token qi, KV head kvh, head group hg): the only split, or the last one that merged the
 // others. Contains team barriers (team-uniform returns only).
-template <int D, int GH, class Wait, class Team = CtaTeam>
+// kFp8: the cache holds E4M3 values (kv_cache.h), widened exactly to fp32 as they are used.
+template <int D, int GH, bool kFp8 = false, class Wait, class Team = CtaTeam>
 __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, int hg, int qi, int split,
                                             Wait wait, Team team = {}) {
   constexpr int G = kAttnG, S = kAttnS, kWarps = kAttnWarps;
@@ -197,7 +199,20 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   // The K row of key c + lane and the V rows of keys c..c+31, all in flight together. With
   // kv_stable, keys before `pos` are final, so the first chunk is issued before pdl_wait (it overlaps
   // the qkv kernel's tail) and only the current key is fetched after it.
-  uint4 kk[D / 8];
+  // A lane's K row: D values in kKv16 pieces of 16 bytes; its V pair: 2 values (4 or 2 bytes).
+  constexpr int kEB = kFp8 ? 1 : 2, kKv16 = D * kEB / 16;
+  const uint8_t* kbase = static_cast<const uint8_t*>(p.kv.k) + size_t(kvh) * D * kEB;
+  const uint8_t* vbase = static_cast<const uint8_t*>(p.kv.v) + size_t(kvh) * D * kEB;
+  auto load_k_row = [&](size_t r, uint4 (&dst)[kKv16]) {
+#pragma unroll
+    for (int i = 0; i < kKv16; ++i) dst[i] = *reinterpret_cast<const uint4*>(kbase + r * kvd * kEB + 16 * i);
+  };
+  auto load_v_pair = [&](size_t r) -> uint32_t {
+    const uint8_t* vp = vbase + r * kvd * kEB + 2 * lane * kEB;
+    if constexpr (kFp8) return *reinterpret_cast<const uint16_t*>(vp);
+    else return *reinterpret_cast<const uint32_t*>(vp);
+  };
+  uint4 kk[kKv16];
   uint32_t vv[32];
   size_t row = 0;
   bool valid = false;
@@ -206,15 +221,16 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     valid = j < end;
     row = valid ? size_t(meta(bt + j / p.kv.block_size)) * p.kv.block_size + j % p.kv.block_size : 0;
     const bool load_k = valid && !(skip_current && j == pos);
-    const uint16_t* kp = p.kv.k_bf16() + row * kvd + kvh * D;
+    if (load_k) load_k_row(row, kk);
+    else
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) kk[i] = load_k ? *reinterpret_cast<const uint4*>(kp + 8 * i) : make_uint4(0, 0, 0, 0);
+      for (int i = 0; i < kKv16; ++i) kk[i] = make_uint4(0, 0, 0, 0);
     const int nv = min(32, end - c);
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj) {
       const size_t r = __shfl_sync(0xffffffffu, row, jj);
       const bool load_v = jj < nv && 2 * lane < D && !(skip_current && c + jj == pos);
-      vv[jj] = load_v ? *reinterpret_cast<const uint32_t*>(p.kv.v_bf16() + r * kvd + kvh * D + 2 * lane) : 0u;
+      vv[jj] = load_v ? load_v_pair(r) : 0u;
     }
   };
   int c0 = begin + warp * 32;
@@ -222,15 +238,11 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   if (early) issue(c0, true);
   wait();
   if (early && pos < c0 + 32) {  // the current key, written by the kernel before
-    if (c0 + lane == pos) {
-      const uint16_t* kp = p.kv.k_bf16() + row * kvd + kvh * D;
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) kk[i] = *reinterpret_cast<const uint4*>(kp + 8 * i);
-    }
+    if (c0 + lane == pos) load_k_row(row, kk);
     const size_t r = __shfl_sync(0xffffffffu, row, pos - c0);
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj)
-      if (c0 + jj == pos && 2 * lane < D) vv[jj] = *reinterpret_cast<const uint32_t*>(p.kv.v_bf16() + r * kvd + kvh * D + 2 * lane);
+      if (c0 + jj == pos && 2 * lane < D) vv[jj] = load_v_pair(r);
   }
   // q after the wait (the kernel before wrote it): every thread's loads issued before any store, so
   // the staging is one L2 round trip (a team has at least kWarps warps).
@@ -257,15 +269,23 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     float s[GH];
     for (int h = 0; h < GH; ++h) s[h] = 0.f;
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
+    for (int i = 0; i < kKv16; ++i) {
       const uint32_t w[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
-      float kf[8];
+      constexpr int kV = 16 / kEB;  // values in the piece
+      float kf[kV];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) { kf[2 * u] = __uint_as_float(w[u] << 16); kf[2 * u + 1] = __uint_as_float(w[u] & 0xffff0000u); }
+      for (int u = 0; u < 4; ++u) {
+        if constexpr (kFp8) {
+          const float2 a = e4m3x2_to_float2(w[u]), b = e4m3x2_to_float2(w[u] >> 16);
+          kf[4 * u] = a.x; kf[4 * u + 1] = a.y; kf[4 * u + 2] = b.x; kf[4 * u + 3] = b.y;
+        } else {
+          kf[2 * u] = __uint_as_float(w[u] << 16); kf[2 * u + 1] = __uint_as_float(w[u] & 0xffff0000u);
+        }
+      }
 #pragma unroll
       for (int h = 0; h < GH; ++h)
 #pragma unroll
-        for (int u = 0; u < 8; ++u) s[h] += qs[h][8 * i + u] * kf[u];
+        for (int u = 0; u < kV; ++u) s[h] += qs[h][kV * i + u] * kf[u];
     }
     float pj[GH];
 #pragma unroll
@@ -281,7 +301,13 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     }
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj) {
-      const float v0 = __uint_as_float(vv[jj] << 16), v1 = __uint_as_float(vv[jj] & 0xffff0000u);
+      float v0, v1;
+      if constexpr (kFp8) {
+        const float2 f = e4m3x2_to_float2(vv[jj]);
+        v0 = f.x, v1 = f.y;
+      } else {
+        v0 = __uint_as_float(vv[jj] << 16), v1 = __uint_as_float(vv[jj] & 0xffff0000u);
+      }
 #pragma unroll
       for (int h = 0; h < GH; ++h) {
         const float w = __shfl_sync(0xffffffffu, pj[h], jj);  // zero past nv (invalid keys)

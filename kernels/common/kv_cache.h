@@ -1,7 +1,11 @@
 // The paged KV cache as every writer and reader sees it: one layer's K and V arrays, their element type
 // and page size. A row is one token of one layer, Hkv * D values; row = block * block_size + offset.
-// Kernels take a KvLayer, never raw pointers, so a new element type (an FP8 cache with per-layer
-// scales) changes this header and the kernels that check it, not every parameter struct.
+// Kernels take a KvLayer, never raw pointers, so the element type travels with the arrays and each
+// kernel checks it (require_kv).
+//
+// FP8 (--kv-cache-dtype fp8): each value is E4M3 (core/fp8.h: round to nearest even, saturating at
+// 448) with a scale of one, so a row is Hkv * D bytes and dequantizes exactly to bf16 / f16 / fp32.
+// docs/equivalence.md says why no per-row scale.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -11,10 +15,12 @@
 
 namespace mx::cuda {
 
-enum class KvDtype : int32_t { kBf16 = 0 };
+enum class KvDtype : int32_t { kBf16 = 0, kFp8E4m3 = 1 };
 
-inline size_t kv_dtype_bytes(KvDtype t) { return t == KvDtype::kBf16 ? 2 : 0; }
-inline const char* kv_dtype_name(KvDtype t) { return t == KvDtype::kBf16 ? "bf16" : "unknown"; }
+inline size_t kv_dtype_bytes(KvDtype t) { return t == KvDtype::kBf16 ? 2 : t == KvDtype::kFp8E4m3 ? 1 : 0; }
+inline const char* kv_dtype_name(KvDtype t) {
+  return t == KvDtype::kBf16 ? "bf16" : t == KvDtype::kFp8E4m3 ? "fp8 e4m3" : "unknown";
+}
 
 // The whole cache's format: what the memory plan sizes and what each layer's view carries.
 struct KvCacheSpec {
@@ -31,18 +37,20 @@ struct KvLayer {
   void* v = nullptr;
   KvDtype dtype = KvDtype::kBf16;
   int block_size = 16;
-  // Dequantization scales of a quantized cache (per layer); null: values are stored as they are.
-  const float* k_scale = nullptr;
-  const float* v_scale = nullptr;
+  __host__ __device__ bool fp8() const { return dtype == KvDtype::kFp8E4m3; }
   __host__ __device__ uint16_t* k_bf16() const { return static_cast<uint16_t*>(k); }
   __host__ __device__ uint16_t* v_bf16() const { return static_cast<uint16_t*>(v); }
+  __host__ __device__ uint8_t* k_fp8() const { return static_cast<uint8_t*>(k); }
+  __host__ __device__ uint8_t* v_fp8() const { return static_cast<uint8_t*>(v); }
+  __host__ __device__ size_t elem_bytes() const { return fp8() ? 1 : 2; }
 };
 
-// Kernels that read or write bf16 rows only: a clear error for any other cache format.
-inline void require_bf16_kv(const KvLayer& kv, const char* kernel) {
-  if (kv.dtype != KvDtype::kBf16)
-    throw_error(std::string(kernel) + ": KV cache dtype " + kv_dtype_name(kv.dtype) + " is not supported (bf16)");
+// Every kernel that touches the cache checks its format: bf16 always, fp8 where it is built for it.
+inline void require_kv(const KvLayer& kv, const char* kernel, bool fp8_ok) {
+  if (kv.dtype != KvDtype::kBf16 && !(fp8_ok && kv.dtype == KvDtype::kFp8E4m3))
+    throw_error(std::string(kernel) + ": KV cache dtype " + kv_dtype_name(kv.dtype) + " is not supported");
   if (!kv.k || !kv.v) throw_error(std::string(kernel) + ": KV cache arrays not set");
 }
+inline void require_bf16_kv(const KvLayer& kv, const char* kernel) { require_kv(kv, kernel, false); }
 
 }  // namespace mx::cuda

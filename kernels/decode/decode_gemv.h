@@ -43,7 +43,7 @@ struct QkvRopeKvParams {
   const float* inv_freq = nullptr;   // [D / 2]
   float concentration = 1.f;
   float* q_out = nullptr;            // fp32 [M, Hq * D], rotated
-  KvLayer kv;                        // the layer's paged cache (bf16, kv_cache.h)
+  KvLayer kv;                        // the layer's paged cache (bf16 or fp8, kv_cache.h)
   int M = 1, H = 0, Hq = 0, Hkv = 0, D = 64;
   // One token, full attention: prefetch the older K / V blocks into L2 while the weights stream. The
   // attention CTAs that get an SM only as this kernel's leave then read them from L2 (docs/perf.md).

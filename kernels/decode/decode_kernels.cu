@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/common/device_math.cuh"
+#include "kernels/common/kv_fp8.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/stream_random.cuh"
 
@@ -66,12 +67,20 @@ __global__ void rope_kv_k(RopeKvParams p) {
       qb[i + half] = to_bf(y2);
     } else {
       const size_t o = crow + size_t(h - p.Hq) * D;
-      p.kv.k_bf16()[o + i] = to_bf(y1);
-      p.kv.k_bf16()[o + i + half] = to_bf(y2);
+      if (p.kv.fp8()) {
+        p.kv.k_fp8()[o + i] = kv_to_e4m3(y1);
+        p.kv.k_fp8()[o + i + half] = kv_to_e4m3(y2);
+      } else {
+        p.kv.k_bf16()[o + i] = to_bf(y1);
+        p.kv.k_bf16()[o + i + half] = to_bf(y2);
+      }
     }
   }
   const float* vv = q + size_t(p.Hq + p.Hkv) * D;
-  for (int t = threadIdx.x; t < p.Hkv * D; t += blockDim.x) p.kv.v_bf16()[crow + t] = to_bf(vv[t]);
+  for (int t = threadIdx.x; t < p.Hkv * D; t += blockDim.x) {
+    if (p.kv.fp8()) p.kv.v_fp8()[crow + t] = kv_to_e4m3(vv[t]);
+    else p.kv.v_bf16()[crow + t] = to_bf(vv[t]);
+  }
 }
 
 // One warp per token: k rounds of a warp argmax over the row (lowest index on ties; a NaN never
@@ -208,7 +217,7 @@ void launch_rmsnorm_bf16(const float* x, const int32_t* rows, const uint16_t* g,
   rmsnorm_k<<<M, 256, 0, s>>>(x, rows, g, y, H, eps);
 }
 void launch_rope_kv(const RopeKvParams& p, cudaStream_t s) {
-  require_bf16_kv(p.kv, "rope_kv");
+  require_kv(p.kv, "rope_kv", true);
   rope_kv_k<<<p.M, 256, 0, s>>>(p);
 }
 void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, int k, cudaStream_t s) {

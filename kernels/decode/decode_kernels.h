@@ -19,14 +19,14 @@ void launch_embed_bf16(const uint16_t* embed, const int32_t* tokens, float* x, i
 void launch_rmsnorm_bf16(const float* x, const int32_t* rows, const uint16_t* gamma, uint16_t* y, int M, int H,
                          float eps, cudaStream_t s);
 // Rotates q (in place) and k of the fp32 qkv rows with YaRN RoPE, also writes q as bf16
-// (q_bf16 [M, Hq * D]) and k, v to the paged bf16 cache.
+// (q_bf16 [M, Hq * D]) and k, v to the paged cache (bf16 or fp8, kv_cache.h).
 struct RopeKvParams {
   float* qkv;               // [M, (Hq + 2 Hkv) D]
   const int32_t* pos;       // [M]
   const int32_t* slot;      // [M] cache row index (block * block_size + offset)
   const float* inv_freq;    // [D / 2]
   float concentration;
-  KvLayer kv;               // the layer's paged cache (bf16)
+  KvLayer kv;               // the layer's paged cache (bf16 or fp8)
   uint16_t* q_bf16;         // [M, Hq * D]
   int M, Hq, Hkv, D;
 };

@@ -7,6 +7,7 @@
 #pragma once
 #include "kernels/common/cta_trace.cuh"
 #include "kernels/common/device_math.cuh"
+#include "kernels/common/kv_fp8.cuh"
 #include "kernels/common/l2_prefetch.cuh"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/mma_tile.cuh"
@@ -55,9 +56,10 @@ __device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s
 __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta) {
   const int pos = ld_keep(p.pos), nb = (pos + p.kv.block_size - 1) / p.kv.block_size;
   const int32_t* bt = p.block_tables + ld_keep(p.bt_off);
-  const size_t block_elems = size_t(p.kv.block_size) * p.Hkv * p.D;
+  const size_t block_bytes = size_t(p.kv.block_size) * p.Hkv * p.D * p.kv.elem_bytes();
   for (int i = cta; i < 2 * nb; i += gridDim.x)
-    l2_prefetch((i & 1 ? p.kv.v_bf16() : p.kv.k_bf16()) + size_t(ld_keep(bt + i / 2)) * block_elems, uint32_t(block_elems * 2));
+    l2_prefetch(static_cast<const uint8_t*>(i & 1 ? p.kv.v : p.kv.k) + size_t(ld_keep(bt + i / 2)) * block_bytes,
+                uint32_t(block_bytes));
 }
 
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
@@ -118,9 +120,16 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
     } else {
       const bool is_k = h < p.Hq + p.Hkv;
       const int kvh = is_k ? h - p.Hq : h - p.Hq - p.Hkv;
-      uint16_t* row = (is_k ? p.kv.k_bf16() : p.kv.v_bf16()) + size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
-      row[d] = to_bf(x1);
-      row[d + half] = to_bf(x2);
+      const size_t off = size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
+      if (p.kv.fp8()) {
+        uint8_t* row = (is_k ? p.kv.k_fp8() : p.kv.v_fp8()) + off;
+        row[d] = kv_to_e4m3(x1);
+        row[d + half] = kv_to_e4m3(x2);
+      } else {
+        uint16_t* row = (is_k ? p.kv.k_bf16() : p.kv.v_bf16()) + off;
+        row[d] = to_bf(x1);
+        row[d + half] = to_bf(x2);
+      }
     }
   }
 }

@@ -20,6 +20,7 @@ struct CudaEngineOptions {
   int max_tokens_per_step = 2048;     // activation arena bound (prefill chunk)
   int block_size = 16;
   int num_kv_blocks = 0;              // 0 = from gpu_memory_utilization
+  bool kv_fp8 = false;                // --kv-cache-dtype fp8: E4M3 K and V (kv_cache.h); needs sm_89+
   bool keep_logits = false;           // copy sampled rows' logits to host (last_logits)
   int vocab_limit = 0;                // ids >= this are never sampled (tokenizer size); 0 = model vocab
   uint64_t seed = 1;                  // dummy-weight seed

@@ -31,7 +31,7 @@ Forward::Forward(const DeviceModel& model, const KvCache& kv, const Activations&
     sl[size_t(l)] = {d.attn_norm, d.qkv_w, d.qkv_b, d.o_w, d.o_b, d.sinks, d.mlp_norm, d.router_w, d.router_b,
                      d.up_blocks, d.up_scales, d.down_blocks, d.down_scales, d.up_bias, d.down_bias,
                      kv.layers[size_t(l)], model.window(l)};
-    cuda::require_bf16_kv(kv.layers[size_t(l)], "decode_step");
+    if (!kv_fp8()) cuda::require_bf16_kv(kv.layers[size_t(l)], "decode_step");
   }
   MX_CUDA(cudaMemcpy(act_.step_layers, sl.data(), sl.size() * sizeof(sl[0]), cudaMemcpyHostToDevice));
 }
@@ -41,8 +41,8 @@ Forward::~Forward() {
 }
 
 void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_token_per_seq) {
-  // The profile and the skipped kinds need the per-op launches.
-  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip) {
+  // The profile and the skipped kinds need the per-op launches; the persistent step reads a bf16 cache.
+  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip && !kv_fp8()) {
     decode_persistent(st, t0, M, one_token_per_seq);
     if (S > 0) final_logits(st, cuda::decode_step_output(act_.xa, act_.xb, shape_.layers), act_.ysl,
                             st.dev->srow_local + s0, s0, S);
@@ -119,7 +119,7 @@ void Forward::attention(const DecodeRows& r, int l) {
     double kv = 0;
     for (int i = 0; i < r.M; ++i) {
       const int pos = r.st->host->pos[r.t0 + i];
-      kv += double(a.window ? std::min(pos + 1, a.window) : pos + 1) * shape_.kv_dim() * 2 * 2;
+      kv += double(a.window ? std::min(pos + 1, a.window) : pos + 1) * kv_.spec.row_bytes() * 2;
     }
     mark(a.window ? "attention_sliding" : "attention_full", kv);
   }

@@ -56,7 +56,16 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
       p.sliding_window > 0 ? std::min(len_blocks, (p.sliding_window - 1 + p.T + bs - 1) / bs + 1) : 0;
   p.bt_cap = p.S * len_blocks * (p.sliding_window > 0 ? 2 : 1) + p.T;
   p.meta_bytes = size_t(p.meta_tail() + p.bt_cap) * 4;
-  p.kv_spec.dtype = cuda::KvDtype::kBf16;
+  p.kv_spec.dtype = opt.kv_fp8 ? cuda::KvDtype::kFp8E4m3 : cuda::KvDtype::kBf16;
+  if (opt.kv_fp8) {
+    int dev = 0, major = 0, minor = 0;
+    MX_CUDA(cudaGetDevice(&dev));
+    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major * 10 + minor < 89)
+      fail("--kv-cache-dtype fp8 needs a GPU with FP8 conversion instructions (compute capability 8.9 or newer); "
+           "this one is {}.{}: use bf16", major, minor);
+  }
   p.kv_spec.block_size = bs;
   p.kv_spec.row_elems = d.kv_dim();
   p.kv_block_bytes = p.kv_spec.page_bytes() * 2 * size_t(p.kv_arrays);

@@ -1,6 +1,7 @@
 // Flash prefill attention vs the double CPU reference, over a paged cache with shuffled blocks.
 // Tolerance: P and the output are bf16 (rel 2^-8 each) with fp32 accumulation:
-// per element |d| <= 2e-2 * (|ref| + rms(ref)) and rel L2 < 1e-2.
+// per element |d| <= 2e-2 * (|ref| + rms(ref)) and rel L2 < 1e-2. The FP8 cache: the reference reads
+// the same E4M3 bytes (widened exactly), so the same tolerance holds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "core/bf16.h"
+#include "core/fp8.h"
 #include "kernels/attention_prefill/attention_prefill.h"
 
 namespace mx::cuda {
@@ -35,7 +37,7 @@ T* to_dev(const std::vector<T>& h) {
 
 // poison: the rows no query may see (before the first query's window, past the last key) hold NaN,
 // as blocks the sliding layers gave back may: the output must not change.
-struct Case { int T, start, window, block_size; float sink_lo, sink_hi; bool poison = false; };
+struct Case { int T, start, window, block_size; float sink_lo, sink_hi; bool poison = false; bool fp8 = false; };
 
 std::vector<float> run_case(const Case& c, std::vector<float>* ref_out) {
   const int Hq = 64, Hkv = 8, D = 64, qs = (Hq + 2 * Hkv) * D;
@@ -54,8 +56,11 @@ std::vector<float> run_case(const Case& c, std::vector<float>* ref_out) {
         std::fill_n(k.begin() + long(row * Hkv * D), Hkv * D, uint16_t(0x7fc0));
         std::fill_n(v.begin() + long(row * Hkv * D), Hkv * D, uint16_t(0x7fc0));
       }
+  std::vector<uint8_t> k8(k.size()), v8(v.size());  // E4M3 roundings (NaN stays NaN)
+  for (size_t i = 0; i < k.size(); ++i) k8[i] = f32_to_e4m3(bf16_to_f32(k[i])), v8[i] = f32_to_e4m3(bf16_to_f32(v[i]));
   AttnPrefillParams p;
   p.q = q.data(); p.q_stride = qs; p.kv.k = k.data(); p.kv.v = v.data(); p.block_table = bt.data();
+  if (c.fp8) p.kv.k = k8.data(), p.kv.v = v8.data(), p.kv.dtype = KvDtype::kFp8E4m3;
   p.sinks = sinks.data(); p.T = c.T; p.start = c.start; p.Hq = Hq; p.Hkv = Hkv; p.kv.block_size = c.block_size;
   p.window = c.window;
   if (ref_out) { ref_out->assign(size_t(c.T) * Hq * D, 0.f); attention_prefill_ref(p, ref_out->data()); }
@@ -63,7 +68,9 @@ std::vector<float> run_case(const Case& c, std::vector<float>* ref_out) {
   cudaMalloc(&dout, size_t(c.T) * Hq * D * 2);
   cudaMemset(dout, 0xff, size_t(c.T) * Hq * D * 2);
   AttnPrefillParams d = p;
-  d.q = to_dev(q); d.kv.k = to_dev(k); d.kv.v = to_dev(v); d.block_table = to_dev(bt); d.sinks = to_dev(sinks);
+  d.q = to_dev(q); d.block_table = to_dev(bt); d.sinks = to_dev(sinks);
+  if (c.fp8) d.kv.k = to_dev(k8), d.kv.v = to_dev(v8);
+  else d.kv.k = to_dev(k), d.kv.v = to_dev(v);
   d.out = dout;
   attention_prefill_bf16(d, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -98,6 +105,13 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttnPrefill,
                                            Case{100, 250, 0, 16, 0, 3}, Case{200, 0, 0, 16, 4, 6},
                                            Case{100, 250, 128, 16, -1, 1, true}, Case{333, 517, 128, 32, -1, 1, true},
                                            Case{45, 90, 0, 16, -1, 1, true}));
+INSTANTIATE_TEST_SUITE_P(Fp8Cache, AttnPrefill,
+                         ::testing::Values(Case{1, 0, 0, 16, -1, 1, false, true}, Case{65, 0, 0, 16, -1, 1, false, true},
+                                           Case{333, 0, 128, 32, -1, 1, false, true},
+                                           Case{100, 250, 0, 16, 0, 3, false, true},
+                                           Case{333, 517, 128, 32, -1, 1, true, true},
+                                           Case{45, 90, 0, 16, -1, 1, true, true},
+                                           Case{64, 4000, 0, 16, -1, 1, false, true}));
 
 // A large sink absorbs almost all the weight: outputs shrink vs a very negative sink.
 TEST(AttnPrefillSink, LargeSinkShrinksOutput) {

@@ -154,7 +154,7 @@ TEST(CudaKernels, TopkSoftmaxMatchesReference) {
 // one token so chunks of 8 cut through sequences), then `steps` decode steps of all sequences batched.
 // Every sampled position's logits are compared. Tolerance: relative L2 <= 2e-2 (bf16 activations
 // and KV cache vs the reference's fp32), greedy argmax equal.
-struct E2eResult { double worst = 0, worst_first = 0; int agree = 0, total = 0; };
+struct E2eResult { double worst = 0, worst_first = 0; int agree = 0, total = 0, over = 0; };
 
 std::string e2e_fixture(const char* preset) {
   namespace fs = std::filesystem;
@@ -182,7 +182,7 @@ mx::CudaEngineOptions small_options(const std::string& dir, int nseq, int len, i
 }
 
 E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
-                  int prefill_min_tokens = 1 << 30, bool flash = true) {
+                  int prefill_min_tokens = 1 << 30, bool flash = true, bool fp8 = false, int step_min_tokens = 6) {
   const std::string dir = e2e_fixture(preset);
   mx::ModelConfig cfg = mx::load_model_config(dir);
   mx::Checkpoint ck = mx::Checkpoint::open(dir);
@@ -196,6 +196,8 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   opt.prefill_min_tokens = prefill_min_tokens;
   opt.flash_prefill_attention = flash;
   opt.use_graphs = graphs;
+  opt.kv_fp8 = fp8;
+  opt.decode_step_min_tokens = step_min_tokens;
   auto gpu = mx::make_cuda_runner(opt);
 
   std::vector<std::vector<int32_t>> toks(nseq, std::vector<int32_t>(N));
@@ -211,6 +213,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
     for (int b = 0; b < nblk; ++b) sw[s].push_back(nblk * nseq + 5 + b * nseq + s);
   mx::CpuKvCache kv;
   kv.allocate(cfg, bs, opt.num_kv_blocks);
+  kv.fp8 = fp8;
   std::vector<std::vector<float>> ref_logits(size_t(nseq) * N, std::vector<float>(cfg.vocab_size));
   for (int s = 0; s < nseq; ++s)
     for (int p = 0; p < N; ++p)
@@ -259,12 +262,15 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
       const bool ok_tok = gt >= 0 && gt < cfg.vocab_size;
       res.agree += ok_tok && (gt == am || r[am] - r[gt] <= 2 * tol * std::sqrt(den / cfg.vocab_size));
       ++res.total;
-      EXPECT_LT(rel, tol) << preset << " seq " << s << " pos " << p;
+      res.over += rel >= tol;
+      if (!fp8) {  // fp8: the caller checks `over`
+        EXPECT_LT(rel, tol) << preset << " seq " << s << " pos " << p;
+      }
     }
   }
-  std::printf("[%s e2e, %d seqs, graphs %d, prefill >= %d tokens, flash %d] worst relative L2 of logits %.3e (first step %.3e), argmax agreement %d/%d\n",
-              preset, nseq, int(graphs), prefill_min_tokens, int(flash), res.worst, res.worst_first,
-              res.agree, res.total);
+  std::printf("[%s e2e, %d seqs, graphs %d, prefill >= %d tokens, flash %d, kv %s] worst relative L2 of logits %.3e (first step %.3e), argmax agreement %d/%d, %d positions over %.2g\n",
+              preset, nseq, int(graphs), prefill_min_tokens, int(flash), fp8 ? "fp8" : "bf16", res.worst,
+              res.worst_first, res.agree, res.total, res.over, tol);
   return res;
 }
 
@@ -286,6 +292,11 @@ TEST(CudaRunner, MiniMatchesCpuReference) {
 }
 // The tensor-core prefill path (cuBLASLt, grouped MoE) for the 123-token first step, with the decode
 // attention kernel for the prompt rows (a cross-check of the flash kernel) and with flash attention.
+// The same with every decode step launched per op (the FP8 cache's path for 6-8 tokens).
+TEST(CudaRunner, MiniDecodePathPerOpMatchesCpuReference) {
+  auto r = run_e2e("mini", 3, 40, 3, true, 1e-1, 1 << 30, true, false, 9);
+  EXPECT_EQ(r.agree, r.total);
+}
 TEST(CudaRunner, MiniPrefillWithDecodeAttentionMatchesCpuReference) {
   auto r = run_e2e("mini", 3, 40, 3, true, 1e-1, 9, false);
   EXPECT_EQ(r.agree, r.total);
@@ -306,6 +317,32 @@ TEST(CudaRunner, MiniWideDecodeStepsMatchCpuReference) {
 TEST(CudaRunner, MiniWideDecodeStepsRegisterAttentionMatchCpuReference) {
   auto r = run_e2e("mini", 16, 4, 5, true, 1.5e-1, 9, false);
   EXPECT_EQ(r.agree, r.total);
+}
+// The FP8 KV cache against the CPU reference with the same cache: every writer (the decode qkv kernel,
+// the prefill rope kernel) and reader (both decode attentions, flash prefill) of the cache. Both sides
+// round K and V to E4M3, but the GPU's bf16 activations move some values across a rounding boundary
+// (a step of 2^-3), ten times the bf16 cache's noise, and these random layers amplify it; now and then
+// a flip moves a router's top-4 and one position jumps (mini, decode path: one of 12 at 0.71, H100).
+// Required: 90% of the positions within twice the bf16 cache's tolerance and 90% of the greedy picks
+// equal (or near ties); an indexing or layout error breaks every position.
+void expect_fp8_e2e(const E2eResult& r) {
+  EXPECT_LE(r.over * 10, r.total);
+  EXPECT_GE(r.agree * 10, r.total * 9);
+}
+TEST(CudaRunner, TinyFp8KvCacheMatchesCpuReference) {
+  expect_fp8_e2e(run_e2e("tiny", 3, 7, 6, true, 4e-2, 1 << 30, true, true));
+}
+TEST(CudaRunner, MiniFp8KvCachePrefillAndDecodeMatchCpuReference) {
+  expect_fp8_e2e(run_e2e("mini", 3, 40, 6, true, 2e-1, 9, true, true));
+}
+TEST(CudaRunner, MiniFp8KvCacheDecodePathMatchesCpuReference) {
+  expect_fp8_e2e(run_e2e("mini", 3, 40, 3, true, 2e-1, 1 << 30, true, true));
+}
+TEST(CudaRunner, MiniFp8KvCacheWideDecodeStepsMatchCpuReference) {
+  expect_fp8_e2e(run_e2e("mini", 16, 4, 5, true, 3e-1, 9, true, true));
+}
+TEST(CudaRunner, MiniFp8KvCacheWideDecodeStepsRegisterAttentionMatchCpuReference) {
+  expect_fp8_e2e(run_e2e("mini", 16, 4, 5, true, 3e-1, 9, false, true));
 }
 
 // The decode paths: six launches per layer, and the persistent step (one kernel, work items behind

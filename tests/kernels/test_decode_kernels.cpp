@@ -3,12 +3,16 @@
 // the references round the same inputs to bf16 and accumulate in double; outputs must agree within
 // 1e-5 of sum |w x| (+1e-6). bf16 outputs (KV cache, activations) within one bf16 ulp of the reference.
 // MXFP4 decode is checked exact: one-hot activations make each output a single decoded weight.
+// FP8 KV cache: a written value within half an E4M3 step (2^-4 relative, 2^-10 absolute near zero) of
+// the reference plus the bf16 tolerance; attention reads the E4M3 values exactly (the reference
+// widens the same bytes).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
+#include "core/fp8.h"
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/decode/decode_gemv.h"
 #include "tests/kernels/gpu_test_util.h"
@@ -77,7 +81,11 @@ std::vector<float> ref_norm_bf16(const std::vector<float>& res, const std::vecto
 }
 
 // prefetch: with the K / V L2 prefetch of the older keys (a hint: the outputs must not change).
-void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch = false) {
+bool near_e4m3(float got, double want, double tol) {
+  return std::fabs(got - want) <= std::fabs(want) / 16 + std::ldexp(1.0, -10) + tol;
+}
+
+void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch = false, bool fp8 = false) {
   std::mt19937 rng(3 + D + M);
   const int N = (Hq + 2 * Hkv) * D, rows = 64;
   const float eps = 1e-5f;
@@ -89,12 +97,14 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
   for (int m = 0; m < M; ++m) { pos[m] = 3 + 37 * m; slot[m] = (5 * m + 3) % rows; }
   DevBuf<float> dx(x), dy(y), dxo(size_t(M) * H), dq(size_t(M) * Hq * D), dinv(inv);
   DevBuf<uint16_t> dg(g), dW(W), db(b), dk(size_t(rows) * Hkv * D), dv(size_t(rows) * Hkv * D);
+  DevBuf<uint8_t> dk8(size_t(rows) * Hkv * D), dv8(size_t(rows) * Hkv * D);
   DevBuf<int32_t> dpos(pos), dslot(slot), dbt(std::vector<int32_t>{2, 0, 3, 1}), dbo(std::vector<int32_t>(M, 0));
-  dq.poison(); dk.poison(); dv.poison(); dxo.poison();
+  dq.poison(); dk.poison(); dv.poison(); dxo.poison(); dk8.poison(); dv8.poison();
   cuda::QkvRopeKvParams p;
   p.res = {dx.p, with_y ? dy.p : nullptr, dxo.p};
   p.norm_w = dg.p; p.eps = eps; p.w = dW.p; p.bias = db.p; p.pos = dpos.p; p.slot = dslot.p; p.inv_freq = dinv.p;
   p.concentration = 1.25f; p.q_out = dq.p; p.kv.k = dk.p; p.kv.v = dv.p;
+  if (fp8) p.kv.k = dk8.p, p.kv.v = dv8.p, p.kv.dtype = cuda::KvDtype::kFp8E4m3;
   p.M = M; p.H = H; p.Hq = Hq; p.Hkv = Hkv; p.D = D;
   if (prefetch) {
     p.kv_prefetch = true;
@@ -102,6 +112,7 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
   }
   cuda::bf16_qkv_rope_kv(p, 0);
   auto q = dq.get(); auto kc = dk.get(); auto vc = dv.get(); auto xo = dxo.get();
+  auto kc8 = dk8.get(), vc8 = dv8.get();
   std::vector<float> res(x);
   if (with_y)
     for (int m = 0; m < M; ++m)
@@ -135,10 +146,16 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
           ASSERT_NEAR(q[size_t(m) * Hq * D + h * D + d + D / 2], y2, tol);
         } else {
           const bool is_k = h < Hq + Hkv;
-          const auto& cache = is_k ? kc : vc;
           const size_t base = size_t(slot[m]) * Hkv * D + size_t(is_k ? h - Hq : h - Hq - Hkv) * D;
-          ASSERT_TRUE(near_bf16(bf16_to_f32(cache[base + d]), y1, tol)) << "kv m=" << m << " h=" << h << " d=" << d;
-          ASSERT_TRUE(near_bf16(bf16_to_f32(cache[base + d + D / 2]), y2, tol));
+          if (fp8) {
+            const auto& cache = is_k ? kc8 : vc8;
+            ASSERT_TRUE(near_e4m3(e4m3_to_f32(cache[base + d]), y1, tol)) << "kv m=" << m << " h=" << h << " d=" << d;
+            ASSERT_TRUE(near_e4m3(e4m3_to_f32(cache[base + d + D / 2]), y2, tol));
+          } else {
+            const auto& cache = is_k ? kc : vc;
+            ASSERT_TRUE(near_bf16(bf16_to_f32(cache[base + d]), y1, tol)) << "kv m=" << m << " h=" << h << " d=" << d;
+            ASSERT_TRUE(near_bf16(bf16_to_f32(cache[base + d + D / 2]), y2, tol));
+          }
         }
       }
   }
@@ -147,6 +164,8 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
 TEST(DecodeGemv, QkvRopeKvHeadDim64) { check_qkv(3, 320, 16, 2, 64, true); }
 TEST(DecodeGemv, QkvRopeKvHeadDim16EightTokens) { check_qkv(8, 64, 8, 1, 16, false); }
 TEST(DecodeGemv, QkvRopeKvOneTokenWithKvPrefetch) { check_qkv(1, 320, 16, 2, 64, true, true); }
+TEST(DecodeGemv, QkvRopeKvFp8Cache) { check_qkv(3, 320, 16, 2, 64, true, false, true); }
+TEST(DecodeGemv, QkvRopeKvFp8CacheOneTokenWithKvPrefetch) { check_qkv(1, 320, 16, 2, 64, true, true, true); }
 
 TEST(DecodeGemv, OProjAddsToResidual) {
   std::mt19937 rng(4);
@@ -396,12 +415,21 @@ TEST(MoeDecode, Fc1Fc2MatchReferenceThreeTokensManyExperts) { check_moe(3, 128, 
 TEST(MoeDecode, Fc1Fc2TwoTokensOddSizes) { check_moe(2, 8, 96, 32, 23); }
 
 // Attention over a paged cache vs a double-precision reference (with the sink in the denominator).
-void check_attention(int D, int Hkv, std::vector<int> positions, int window, uint64_t seed) {
+// fp8: the cache holds E4M3 bytes (random values rounded), which the reference widens exactly.
+void check_attention(int D, int Hkv, std::vector<int> positions, int window, uint64_t seed, bool fp8 = false) {
   std::mt19937 rng(seed);
   const int G = 8, Hq = G * Hkv, bs = 16, M = int(positions.size());
   const int maxpos = *std::max_element(positions.begin(), positions.end());
   const int nblk = maxpos / bs + 1, nblocks = nblk * M + 3;
   auto kc = random_bf16(size_t(nblocks) * bs * Hkv * D, rng), vc = random_bf16(size_t(nblocks) * bs * Hkv * D, rng);
+  std::vector<uint8_t> kc8(kc.size()), vc8(vc.size());
+  if (fp8)  // the bf16 values become their E4M3 roundings, so one reference serves both
+    for (size_t i = 0; i < kc.size(); ++i) {
+      kc8[i] = f32_to_e4m3(bf16_to_f32(kc[i]) * 3);  // a wider range: subnormals to ~3
+      vc8[i] = f32_to_e4m3(bf16_to_f32(vc[i]));
+      kc[i] = f32_to_bf16(e4m3_to_f32(kc8[i]));
+      vc[i] = f32_to_bf16(e4m3_to_f32(vc8[i]));
+    }
   auto q = random_f32(size_t(M) * Hq * D, rng, -2, 2);
   auto sinks = random_bf16(Hq, rng, -1, 3);
   std::vector<int32_t> bt, bt_off;
@@ -410,6 +438,7 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     for (int b = 0; b < nblk; ++b) bt.push_back((nblk - 1 - b) * M + m + 3);
   }
   DevBuf<uint16_t> dk(kc), dv(vc), ds(sinks), dout(size_t(M) * Hq * D);
+  DevBuf<uint8_t> dk8(kc8), dv8(vc8);
   DevBuf<float> dq(q), dpart(cuda::attention_decode_scratch_floats(M, Hkv, D));
   DevBuf<int32_t> dpos(positions), dbt(bt), dbo(bt_off), dtk(std::vector<int32_t>(size_t(M) * Hkv * G, 0));
   DevBuf<unsigned long long> dmma(std::vector<unsigned long long>(cuda::attention_decode_mma_scratch_words(M, Hkv), 0));
@@ -423,6 +452,32 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     splits = std::max(splits, cuda::attention_decode_mma_splits(keys));
     pass = std::max(pass, std::min(cuda::kAttnMmaKeys, cuda::attention_decode_mma_keys_per_split(keys)));
   }
+  std::vector<double> want(size_t(M) * Hq * D);
+  for (int m = 0; m < M; ++m) {
+    const int pos = positions[m], lo = window ? std::max(0, pos - window + 1) : 0;
+    for (int h = 0; h < Hq; ++h) {
+      const int kvh = h / G;
+      std::vector<double> s;
+      double mx = bf16_to_f32(sinks[h]);
+      for (int j = lo; j <= pos; ++j) {
+        const size_t row = size_t(bt[bt_off[m] + j / bs]) * bs + j % bs;
+        double dot = 0;
+        for (int d = 0; d < D; ++d) dot += double(q[(size_t(m) * Hq + h) * D + d]) * bf16_to_f32(kc[(row * Hkv + kvh) * D + d]);
+        s.push_back(dot / std::sqrt(double(D)));
+        mx = std::max(mx, s.back());
+      }
+      double den = std::exp(bf16_to_f32(sinks[h]) - mx);
+      for (double& v : s) den += (v = std::exp(v - mx));
+      for (int d = 0; d < D; ++d) {
+        double o = 0;
+        for (int j = lo; j <= pos; ++j) {
+          const size_t row = size_t(bt[bt_off[m] + j / bs]) * bs + j % bs;
+          o += s[j - lo] * bf16_to_f32(vc[(row * Hkv + kvh) * D + d]);
+        }
+        want[(size_t(m) * Hq + h) * D + d] = o / den;
+      }
+    }
+  }
   const int runs = D == 64 ? 22 : 16;
   for (int run = 0; run < runs; ++run) {
     const bool mma = run >= 16;
@@ -433,6 +488,7 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     dout.poison();
     cuda::AttnDecodeParams p;
     p.q = dq.p; p.q_stride = Hq * D; p.kv.k = dk.p; p.kv.v = dv.p; p.pos = dpos.p; p.bt_off = dbo.p;
+    if (fp8) p.kv.k = dk8.p, p.kv.v = dv8.p, p.kv.dtype = cuda::KvDtype::kFp8E4m3;
     p.block_tables = dbt.p; p.sinks = ds.p; p.out = dout.p; p.partials = dpart.p; p.tickets = dtk.p;
     p.mma_partials = dmma.p;
     p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.kv.block_size = bs; p.window = window; p.heads_per_cta = heads;
@@ -442,33 +498,13 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     if (mma) cuda::attention_decode_mma(p, 0);
     else cuda::attention_decode(p, 0);
     auto out = dout.get();
-    for (int m = 0; m < M; ++m) {
-      const int pos = positions[m], lo = window ? std::max(0, pos - window + 1) : 0;
-      for (int h = 0; h < Hq; ++h) {
-        const int kvh = h / G;
-        std::vector<double> s;
-        double mx = bf16_to_f32(sinks[h]);
-        for (int j = lo; j <= pos; ++j) {
-          const size_t row = size_t(bt[bt_off[m] + j / bs]) * bs + j % bs;
-          double dot = 0;
-          for (int d = 0; d < D; ++d) dot += double(q[(size_t(m) * Hq + h) * D + d]) * bf16_to_f32(kc[(row * Hkv + kvh) * D + d]);
-          s.push_back(dot / std::sqrt(double(D)));
-          mx = std::max(mx, s.back());
-        }
-        double den = std::exp(bf16_to_f32(sinks[h]) - mx);
-        for (double& v : s) den += (v = std::exp(v - mx));
-        for (int d = 0; d < D; ++d) {
-          double o = 0;
-          for (int j = lo; j <= pos; ++j) {
-            const size_t row = size_t(bt[bt_off[m] + j / bs]) * bs + j % bs;
-            o += s[j - lo] * bf16_to_f32(vc[(row * Hkv + kvh) * D + d]);
-          }
-          o /= den;
-          const float got = bf16_to_f32(out[(size_t(m) * Hq + h) * D + d]);
-          ASSERT_TRUE(near_bf16(got, o, 2e-4)) << "m=" << m << " pos=" << pos << " h=" << h << " d=" << d << " got " << got << " want " << o;
-        }
+    for (int m = 0; m < M; ++m)
+      for (int i = 0; i < Hq * D; ++i) {
+        const double o = want[size_t(m) * Hq * D + i];
+        const float got = bf16_to_f32(out[size_t(m) * Hq * D + i]);
+        ASSERT_TRUE(near_bf16(got, o, 2e-4)) << "m=" << m << " pos=" << positions[m] << " h=" << i / D << " d=" << i % D
+                                             << " got " << got << " want " << o;
       }
-    }
   }
 }
 
@@ -483,5 +519,12 @@ std::vector<int> mixed_depths(int n) {
 }
 TEST(AttentionDecode, ManyRowsMixedDepths) { check_attention(64, 1, mixed_depths(37), 0, 13); }
 TEST(AttentionDecode, ManyRowsSlidingWindow) { check_attention(64, 1, mixed_depths(41), 128, 14); }
+// The FP8 cache, 1 to 64k keys (both kernels, every variant above).
+TEST(AttentionDecode, Fp8CacheShortToLongContexts) {
+  check_attention(64, 1, {0, 5, 130, 700, 2100, 5000, 16383, 65535}, 0, 15, true);
+}
+TEST(AttentionDecode, Fp8CacheSlidingWindow) { check_attention(64, 1, {3, 127, 128, 129, 1000}, 128, 16, true); }
+TEST(AttentionDecode, Fp8CacheManyRowsMixedDepths) { check_attention(64, 1, mixed_depths(37), 0, 17, true); }
+TEST(AttentionDecode, Fp8CacheHeadDim16) { check_attention(16, 1, {0, 9, 40}, 4, 18, true); }
 
 }  // namespace

@@ -7,11 +7,17 @@
 // <= 3e-2 and greedy picks equal except at near ties: a reference gap within twice that tolerance
 // (6% of the logits' RMS), the criterion of the CPU end-to-end tests. The tensor-core prefill step
 // at 120b widths swaps one such pair (gap 2.3% of the RMS, H100) while its rel L2 is lower (1.9e-2).
+// The FP8 KV cache adds E4M3's rounding of every K and V value (up to 2^-4 relative): the CPU reference
+// with that cache is at 3.5e-2 (tiny) and 8.9e-2 (120b widths) rel L2, with 51 of 213 greedy picks
+// changed at 120b widths (docs/equivalence.md): the format's error on these random layers, not the
+// kernels'. Required: rel L2 within 1.3x of the CPU reference's (tiny 4.5e-2, 120b widths 1.15e-1);
+// greedy changes are printed, not bounded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +32,8 @@ using nlohmann::json;
 // prefill_first > 0: the first min(prefill_first, n / 2) prompt tokens go in one step (the tensor-core
 // prefill path; its last position is checked), then one token per step (the decode path reading the
 // KV cache the prefill wrote).
-void check_gpu_golden(const char* name, int prefill_first = 0) {
+void check_gpu_golden(const char* name, int prefill_first = 0, bool fp8 = false) {
+  const double tol = !fp8 ? 3e-2 : std::string(name) == "tiny.json" ? 4.5e-2 : 1.15e-1;
   const fs::path path = fs::path(MX_SOURCE_DIR) / "tests/data/goldens" / name;
   if (!fs::exists(path)) GTEST_SKIP() << path << " is missing";
   json g = json::parse(mx::read_text_file(path.string()));
@@ -46,6 +53,7 @@ void check_gpu_golden(const char* name, int prefill_first = 0) {
     opt.max_tokens_per_step = 64;
     opt.num_kv_blocks = 2 * (opt.max_model_len / 16 + 2);
     opt.keep_logits = true;
+    opt.kv_fp8 = fp8;
     auto gpu = mx::make_cuda_runner(opt);
     const int nb = opt.max_model_len / 16;
     std::vector<int32_t> table(nb);
@@ -84,11 +92,11 @@ void check_gpu_golden(const char* name, int prefill_first = 0) {
       for (size_t i = 0; i < top_ids.size(); ++i) check(top_ids[i], top_val[i]);
       if (r.token != top_ids[0]) {
         ++swaps;
-        // A near tie is acceptable: the reference logit of our pick within 2 x 3e-2 of the RMS.
+        // A near tie is acceptable: the reference logit of our pick within 2 x tol of the RMS.
         float ref_pick = -1e30f;
         for (size_t i = 0; i < top_ids.size(); ++i)
           if (top_ids[i] == r.token) ref_pick = top_val[i];
-        if (top_val[0] - ref_pick > 2 * 3e-2 * std::sqrt(rms / n)) {
+        if (top_val[0] - ref_pick > 2 * tol * std::sqrt(rms / n)) {
           ++mismatches;
           std::printf("  greedy mismatch at position %zu: picked %d, reference gap %.4f (%.2f%% of the RMS)\n", t, r.token,
                       top_val[0] - ref_pick, 100 * (top_val[0] - ref_pick) / std::sqrt(rms / n));
@@ -99,15 +107,21 @@ void check_gpu_golden(const char* name, int prefill_first = 0) {
   }
   if (temporary) fs::remove_all(dir);
   const double rel = std::sqrt(num / den);
-  std::printf("[gpu golden %s, first step %d tokens] positions %d, max abs err %.3g, rel L2 %.3g, greedy mismatches (not near ties) %d, near-tie swaps %d\n",
-              name, prefill_first, positions, max_abs, rel, mismatches, swaps - mismatches);
-  EXPECT_LE(rel, 3e-2);
-  EXPECT_EQ(mismatches, 0);
+  std::printf("[gpu golden %s, first step %d tokens, kv %s] positions %d, max abs err %.3g, rel L2 %.3g, greedy mismatches (not near ties) %d, near-tie swaps %d\n",
+              name, prefill_first, fp8 ? "fp8" : "bf16", positions, max_abs, rel, mismatches, swaps - mismatches);
+  EXPECT_LE(rel, tol);
+  if (!fp8) {
+    EXPECT_EQ(mismatches, 0);
+  }
 }
 
 TEST(GoldenLogitsGpu, TinyMatchesTransformers) { check_gpu_golden("tiny.json"); }
 TEST(GoldenLogitsGpu, Width120bTwoLayersMatchesTransformers) { check_gpu_golden("w120_l2.json"); }
 TEST(GoldenLogitsGpu, TinyPrefillStepMatchesTransformers) { check_gpu_golden("tiny.json", 64); }
 TEST(GoldenLogitsGpu, Width120bPrefillStepMatchesTransformers) { check_gpu_golden("w120_l2.json", 64); }
+TEST(GoldenLogitsGpu, TinyFp8KvCache) { check_gpu_golden("tiny.json", 0, true); }
+TEST(GoldenLogitsGpu, TinyPrefillStepFp8KvCache) { check_gpu_golden("tiny.json", 64, true); }
+TEST(GoldenLogitsGpu, Width120bTwoLayersFp8KvCache) { check_gpu_golden("w120_l2.json", 0, true); }
+TEST(GoldenLogitsGpu, Width120bPrefillStepFp8KvCache) { check_gpu_golden("w120_l2.json", 64, true); }
 
 }  // namespace

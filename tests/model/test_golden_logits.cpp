@@ -35,7 +35,7 @@ struct Errors {
   double worst_flip_gap = 0;  // golden logit gap between the golden argmax and ours, over mismatches
 };
 
-// fp8_kv: the KV cache rounds K and V to MXFP8 E4M3 (--kv-cache-dtype fp8); its tolerances are the
+// fp8_kv: the KV cache rounds K and V to E4M3 (--kv-cache-dtype fp8); its tolerances are the
 // caller's (the bounds below are for the fp32 cache).
 // nullopt: the fixture is too large for this machine (MXSERVE_FIXTURE_CACHE unset).
 std::optional<Errors> check_golden(const fs::path& golden_path, bool fp8_kv = false) {
@@ -117,7 +117,7 @@ TEST(GoldenLogits, TinyCpuReferenceMatchesTransformers) { run_golden("tiny.json"
 // crosses the 128-token window. The fixture is 5.8 GB, so this runs where MXSERVE_FIXTURE_CACHE is set.
 TEST(GoldenLogits, Width120bTwoLayersCpuReferenceMatchesTransformers) { run_golden("w120_l2.json"); }
 
-// The FP8 KV cache (MXFP8 E4M3 K and V) against the same goldens (an fp32 model): the error fp8 KV
+// The FP8 KV cache (E4M3 K and V, scale one) against the same goldens (an fp32 model): the error fp8 KV
 // adds (docs/equivalence.md). E4M3 keeps 3 mantissa bits, so each K and V value carries up to 2^-4
 // relative rounding error; tiny's random layers make that 3.5 % of the logits (rel L2 3.53e-2, max
 // abs 0.32 measured). Bounds: rel L2 <= 5e-2, max abs <= 0.5, and a greedy pick may differ only where
@@ -128,4 +128,12 @@ TEST(GoldenLogits, TinyCpuReferenceWithFp8KvCache) {
   EXPECT_LE(std::sqrt(err->num / err->den), 5e-2);
   EXPECT_LE(err->max_abs, 0.5);
   EXPECT_LE(err->worst_flip_gap, 0.1);
+}
+// The same at 120b widths (2 layers, 213 positions; MXSERVE_FIXTURE_CACHE): measured rel L2 8.94e-2,
+// max abs 2.96, 51 greedy picks changed (the 128-expert routing of random layers turns small K / V
+// changes into different experts). Bound: rel L2 <= 1.1e-1; the picks are not bounded.
+TEST(GoldenLogits, Width120bTwoLayersCpuReferenceWithFp8KvCache) {
+  const auto err = golden_errors("w120_l2.json", true);
+  if (!err) GTEST_SKIP() << "w120_l2 golden or its fixture not available here (MXSERVE_FIXTURE_CACHE)";
+  EXPECT_LE(std::sqrt(err->num / err->den), 1.1e-1);
 }

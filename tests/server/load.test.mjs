@@ -58,6 +58,7 @@ test('a client that aborts mid-stream frees its request', async () => {
   const freed = await waitFor(async () => (await metric('vllm:num_requests_running')) === 0
     && (await metric('vllm:kv_cache_usage_perc')) === 0, { timeoutMs: 5000 });
   assert.ok(freed, 'vllm:num_requests_running did not return to 0 within 5 s');
+  assert.ok((await metric('mxserve:kv_cache_capacity_tokens')) > 0, 'the KV capacity gauge');
 });
 
 test('a non-streaming client that gives up frees its request', async () => {
