@@ -6,13 +6,13 @@
 #  3. bench/bench_serving.py: per level, CONC streams of unique random token-id prompts, all at once
 #     (REQS requests a stream), ignore_eos, temperature 0: output tok/s, TTFT p50/p99, TPOT mean/p99,
 #     preemptions and KV use after the level, and beside it the engine's step at that batch.
-# Results go to $OUT: engine_P.json, load_PTAG.txt / .json, serve_PTAG.log, metrics_PTAG.txt.
+# Results go to $OUT: engine_PTAG.json, load_PTAG.txt / .json, serve_PTAG.log, metrics_PTAG.txt.
 # Environment: OUT, MXSERVE (default build/cli/mxserve), BIN (libraries: device_run_env.sh), MODELS
 # ("20b 120b"), CONCURRENCY ("64,128,256"), PROMPT_TOKENS (1024), MAX_TOKENS (1024), REQS (1),
 # MAX_MODEL_LEN (4096), MAX_NUM_SEQS (256), MAX_BATCHED (8192), GPU_MEM (0.9), LIMIT_S (per model, 400),
 # SERVE_ARGS (extra serve flags), CLIENT_ARGS (sampling flags of the client, default "--temperature 0";
 # e.g. "--temperature 0.8 --top-p 0.9"), PROMPT_IDS (0: word prompts instead of token ids), TAG (suffix
-# of the file names), ENGINE (0: skip step 1 and use the engine_P.json already in $OUT, if any),
+# of the file names), ENGINE (0: skip step 1 and use the engine_PTAG.json already in $OUT, if any),
 # KV_DTYPE (--kv-cache-dtype of bench and serve, default auto).
 # Run from the repo root: OUT=$OUT MXSERVE=.devrun/new/mxserve bash bench/device_load.sh
 set -u
@@ -36,12 +36,14 @@ for P in $MODELS; do
   [ "${ENGINE:-1}" = 0 ] && batches=
   while [ -n "$batches" ]; do
     if timeout 300 "$MXSERVE" bench --preset "$P" --pp 16 --tg 32 --depth $depth --batch "$batches" --reps 2 \
-        --gpu-memory-utilization 0.95 --kv-cache-dtype "${KV_DTYPE:-auto}" --json > "$OUT/engine_$P.json" 2> "$OUT/engine_$P.err"; then
+        --gpu-memory-utilization 0.95 --kv-cache-dtype "${KV_DTYPE:-auto}" --json > "$OUT/engine_$N.json" 2> "$OUT/engine_$N.err"; then
       break
     fi
     batches=$(echo "$batches" | awk -F, '{OFS=","; NF--; print}')  # the largest batch did not fit
   done
   echo "== $N engine, distinct batches $batches at depth $depth"
+  engine_json=
+  [ -s "$OUT/engine_$N.json" ] && engine_json="--engine-json $OUT/engine_$N.json"  # none fits: no comparison
   # 2. The server.
   "$MXSERVE" serve --dummy-weights "$P" --device cuda --max-model-len "${MAX_MODEL_LEN:-4096}" \
     --max-num-seqs "${MAX_NUM_SEQS:-256}" --max-num-batched-tokens "${MAX_BATCHED:-8192}" \
@@ -60,7 +62,7 @@ PY
   # CLIENT_ARGS is a list of words on purpose.
   timeout "${LIMIT_S:-400}" python3 bench/bench_serving.py --base-url http://127.0.0.1:8011 \
     --concurrency "$CONCURRENCY" --prompt-tokens "$PROMPT_TOKENS" --max-tokens "$MAX_TOKENS" $ids \
-    ${CLIENT_ARGS:---temperature 0} --requests-per-slot "${REQS:-1}" --engine-json "$OUT/engine_$P.json" \
+    ${CLIENT_ARGS:---temperature 0} --requests-per-slot "${REQS:-1}" $engine_json \
     --json "$OUT/load_$N.json" > "$OUT/load_$N.txt" 2>&1
   echo "client exit $?"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8011/metrics', timeout=5).read().decode())" \
