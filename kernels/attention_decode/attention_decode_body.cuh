@@ -200,17 +200,21 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
   // kv_stable, keys before `pos` are final, so the first chunk is issued before pdl_wait (it overlaps
   // the qkv kernel's tail) and only the current key is fetched after it.
   // A lane's K row: D values in kKv16 pieces of 16 bytes; its V pair: 2 values (4 or 2 bytes).
-  constexpr int kEB = kFp8 ? 1 : 2, kKv16 = D * kEB / 16;
-  const uint8_t* kbase = static_cast<const uint8_t*>(p.kv.k) + size_t(kvh) * D * kEB;
-  const uint8_t* vbase = static_cast<const uint8_t*>(p.kv.v) + size_t(kvh) * D * kEB;
+  constexpr int kKv16 = kFp8 ? D / 16 : D / 8;
   auto load_k_row = [&](size_t r, uint4 (&dst)[kKv16]) {
+    if constexpr (kFp8) {
+      const uint8_t* kp = p.kv.k_fp8() + r * kvd + kvh * D;
 #pragma unroll
-    for (int i = 0; i < kKv16; ++i) dst[i] = *reinterpret_cast<const uint4*>(kbase + r * kvd * kEB + 16 * i);
+      for (int i = 0; i < kKv16; ++i) dst[i] = *reinterpret_cast<const uint4*>(kp + 16 * i);
+    } else {
+      const uint16_t* kp = p.kv.k_bf16() + r * kvd + kvh * D;
+#pragma unroll
+      for (int i = 0; i < kKv16; ++i) dst[i] = *reinterpret_cast<const uint4*>(kp + 8 * i);
+    }
   };
   auto load_v_pair = [&](size_t r) -> uint32_t {
-    const uint8_t* vp = vbase + r * kvd * kEB + 2 * lane * kEB;
-    if constexpr (kFp8) return *reinterpret_cast<const uint16_t*>(vp);
-    else return *reinterpret_cast<const uint32_t*>(vp);
+    if constexpr (kFp8) return *reinterpret_cast<const uint16_t*>(p.kv.v_fp8() + r * kvd + kvh * D + 2 * lane);
+    else return *reinterpret_cast<const uint32_t*>(p.kv.v_bf16() + r * kvd + kvh * D + 2 * lane);
   };
   uint4 kk[kKv16];
   uint32_t vv[32];
@@ -221,10 +225,15 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
     valid = j < end;
     row = valid ? size_t(meta(bt + j / p.kv.block_size)) * p.kv.block_size + j % p.kv.block_size : 0;
     const bool load_k = valid && !(skip_current && j == pos);
-    if (load_k) load_k_row(row, kk);
-    else
+    if constexpr (kFp8) {
+      const uint8_t* kp = p.kv.k_fp8() + row * kvd + kvh * D;
 #pragma unroll
-      for (int i = 0; i < kKv16; ++i) kk[i] = make_uint4(0, 0, 0, 0);
+      for (int i = 0; i < kKv16; ++i) kk[i] = load_k ? *reinterpret_cast<const uint4*>(kp + 16 * i) : make_uint4(0, 0, 0, 0);
+    } else {
+      const uint16_t* kp = p.kv.k_bf16() + row * kvd + kvh * D;
+#pragma unroll
+      for (int i = 0; i < kKv16; ++i) kk[i] = load_k ? *reinterpret_cast<const uint4*>(kp + 8 * i) : make_uint4(0, 0, 0, 0);
+    }
     const int nv = min(32, end - c);
 #pragma unroll
     for (int jj = 0; jj < 32; ++jj) {
@@ -271,7 +280,7 @@ __device__ __forceinline__ bool attn_decode(const AttnDecodeParams& p, int kvh, 
 #pragma unroll
     for (int i = 0; i < kKv16; ++i) {
       const uint32_t w[4] = {kk[i].x, kk[i].y, kk[i].z, kk[i].w};
-      constexpr int kV = 16 / kEB;  // values in the piece
+      constexpr int kV = kFp8 ? 16 : 8;  // values in the piece
       float kf[kV];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {

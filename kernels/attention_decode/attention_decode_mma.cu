@@ -130,26 +130,24 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
   // Keys [k0, k1) into smem rows 0.. (the block-table entries staged first: one round trip, not one a
   // key); rows up to the next whole chunk are zero-filled, since a masked P of 0 times a non-finite
   // stale V would still poison O. `skip`: a key not to read (written by the kernel before the wait).
-  // Piece c (16 bytes) of key row r from element offset `off` of the cache's K and V arrays.
-  auto copy_piece = [&](int r, int c, size_t off, bool valid) {
-    if constexpr (kFp8) {
-      cp_async16(ks + row8(r) + 16 * c, p.kv.k_fp8() + off + 16 * c, valid);
-      cp_async16(vs + row8(r) + 16 * c, p.kv.v_fp8() + off + 16 * c, valid);
-    } else {
-      cp_async16(ks + swz(r, c), p.kv.k_bf16() + off + 8 * c, valid);
-      cp_async16(vs + swz(r, c), p.kv.v_bf16() + off + 8 * c, valid);
-    }
-  };
   auto load_pass = [&](int k0, int k1, int skip) {
     const int b0 = k0 / bs, nb = (k1 - 1) / bs - b0 + 1;
     for (int i = tid; i < nb; i += kThreads) bts[i] = ld_keep(bt + b0 + i);
     __syncthreads();
     const int rows = (k1 - k0 + kChunk - 1) / kChunk * kChunk;
     for (int i = tid; i < rows * kPieces; i += kThreads) {
-      const int r = i / kPieces, c = i % kPieces, j = k0 + r;
+      const int r = i >> (kFp8 ? 2 : 3), c = i & (kPieces - 1), j = k0 + r;
       if (j == skip) continue;  // filled after the wait
       const bool valid = j < k1;
-      copy_piece(r, c, valid ? ((size_t(bts[j / bs - b0]) * bs + j % bs) * p.Hkv + kvh) * D : 0, valid);
+      if constexpr (kFp8) {
+        const size_t off = valid ? ((size_t(bts[j / bs - b0]) * bs + j % bs) * p.Hkv + kvh) * D + 16 * c : 0;
+        cp_async16(ks + row8(r) + 16 * c, p.kv.k_fp8() + off, valid);
+        cp_async16(vs + row8(r) + 16 * c, p.kv.v_fp8() + off, valid);
+      } else {
+        const size_t off = valid ? ((size_t(bts[j / bs - b0]) * bs + j % bs) * p.Hkv + kvh) * D + 8 * c : 0;
+        cp_async16(ks + swz(r, c), p.kv.k_bf16() + off, valid);
+        cp_async16(vs + swz(r, c), p.kv.v_bf16() + off, valid);
+      }
     }
     cp_async_commit();
   };
@@ -160,7 +158,16 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
   if (!early) {
     load_pass(begin, k1_first, -1);
   } else if (pos < k1_first && tid < kPieces) {  // the current key, written by the kernel before
-    copy_piece(pos - begin, tid, ((size_t(bts[pos / bs - begin / bs]) * bs + pos % bs) * p.Hkv + kvh) * D, true);
+    const int r = pos - begin;
+    const size_t row = (size_t(bts[pos / bs - begin / bs]) * bs + pos % bs) * p.Hkv + kvh;
+    if constexpr (kFp8) {
+      cp_async16(ks + row8(r) + 16 * tid, p.kv.k_fp8() + row * D + 16 * tid);
+      cp_async16(vs + row8(r) + 16 * tid, p.kv.v_fp8() + row * D + 16 * tid);
+    } else {
+      const size_t off = row * D + 8 * tid;
+      cp_async16(ks + swz(r, tid), p.kv.k_bf16() + off);
+      cp_async16(vs + swz(r, tid), p.kv.v_bf16() + off);
+    }
     cp_async_commit();
   }
 
@@ -171,17 +178,17 @@ __device__ __forceinline__ uint32_t split_partial(const AttnDecodeParams& p, int
   // FP8: k-step kk's columns 2t, 2t + 1, 2t + 8, 2t + 9 are dims 16 t + 4 kk .. 16 t + 4 kk + 3.
   uint32_t qa[4][4];
   {
-    const float* qh = p.q + size_t(n) * p.q_stride + size_t(kvh * G + g) * D;
+    const float* qp = p.q + size_t(n) * p.q_stride + size_t(kvh * G + g) * D + (kFp8 ? 16 * t : 2 * t);
     float2 qv[4][2];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       if constexpr (kFp8) {
-        const float4 v = *reinterpret_cast<const float4*>(qh + 16 * t + 4 * kk);
+        const float4 v = *reinterpret_cast<const float4*>(qp + 4 * kk);
         qv[kk][0] = make_float2(v.x, v.y);
         qv[kk][1] = make_float2(v.z, v.w);
       } else {
-        qv[kk][0] = *reinterpret_cast<const float2*>(qh + 2 * t + 16 * kk);
-        qv[kk][1] = *reinterpret_cast<const float2*>(qh + 2 * t + 16 * kk + 8);
+        qv[kk][0] = *reinterpret_cast<const float2*>(qp + 16 * kk);
+        qv[kk][1] = *reinterpret_cast<const float2*>(qp + 16 * kk + 8);
       }
     }
     const float qscale = body::kLog2e * rsqrtf(float(D));

@@ -13,10 +13,11 @@ namespace {
 using namespace mma;
 using body::GemvParams;
 
+template <bool kFp8>
 __global__ void __launch_bounds__(128) qkv_rope_kv_k(QkvRopeKvParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
   trace_begin(p.trace);
-  body::qkv_rope_kv<body::kQkvSplit, true, true>(p, blockIdx.x, red, TracedPdlWait{p.trace.buf});
+  body::qkv_rope_kv<body::kQkvSplit, true, true, kFp8>(p, blockIdx.x, red, TracedPdlWait{p.trace.buf});
   trace_end(p.trace, 0);
 }
 
@@ -155,8 +156,13 @@ void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
   check_m(p.M);
   if (p.D % 16 || p.H % 32) throw_error("qkv decode: head_dim must be a multiple of 16 and hidden of 32");
   static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] { allow_dynamic_smem(qkv_rope_kv_k); });
-  launch_pdl(qkv_rope_kv_k, dim3(body::qkv_ctas(p.Hq, p.Hkv, p.D)), dim3(128), smem_bytes(p.M, p.H), s, p);
+  once_per_device(ready, [] {
+    allow_dynamic_smem(qkv_rope_kv_k<false>);
+    allow_dynamic_smem(qkv_rope_kv_k<true>);
+  });
+  const dim3 grid(body::qkv_ctas(p.Hq, p.Hkv, p.D));
+  if (p.kv.fp8()) launch_pdl(qkv_rope_kv_k<true>, grid, dim3(128), smem_bytes(p.M, p.H), s, p);
+  else launch_pdl(qkv_rope_kv_k<false>, grid, dim3(128), smem_bytes(p.M, p.H), s, p);
 }
 
 void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {

@@ -107,7 +107,7 @@ __device__ __forceinline__ float* layer_out(const DecodeStepParams& p, int l) { 
 
 // One function per item kind, not inlined: each gets its own register allocation (as the per-op
 // grids do) instead of the union of all bodies' live ranges.
-template <int D>
+template <int D, bool kFp8>
 __device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, unsigned n_fc2) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
@@ -117,11 +117,11 @@ __device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, u
   q.pos = p.pos; q.slot = L.window ? p.slot_sw : p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
   q.q_out = p.q; q.kv = L.kv;
   q.M = p.M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
-  qkv_rope_kv<kQkvSplit, false, false>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
+  qkv_rope_kv<kQkvSplit, false, false, kFp8>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
   signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
 }
 
-template <int D>
+template <int D, bool kFp8>
 __device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, unsigned qkv_per_head) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
@@ -133,7 +133,7 @@ __device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, 
   a.M = p.M; a.Hq = p.Hq; a.Hkv = p.Hkv; a.D = D; a.window = L.window;
   a.kv_stable = p.kv_stable;
   const int kvh = i % p.Hkv, qi = i / p.Hkv % p.M, split = i / (p.Hkv * p.M);
-  const bool done = attn_decode<D, kAttnG>(a, kvh, 0, qi, split, FlagWait{cnt + kvh, qkv_per_head});
+  const bool done = attn_decode<D, kAttnG, kFp8>(a, kvh, 0, qi, split, FlagWait{cnt + kvh, qkv_per_head});
   signal(cnt + kAttnDone, done);
 }
 
@@ -188,17 +188,19 @@ __device__ __noinline__ void fc2_item(const DecodeStepParams& p, int l, int i, i
   signal(cnt + kFc2Done);
 }
 
-template <int D>
+// kFp8: the KV cache is E4M3 (its own kernel: a runtime choice between the two attention items costs
+// the bf16 kernel spills).
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(128, kStepCtasPerSm) decode_step_k(const __grid_constant__ DecodeStepParams p) {
   const int nb = gridDim.x;
   const Phases n(p.M, p.H, p.I, p.E, p.Hq, p.Hkv, D);
   int base = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     for (int i = first_item(base); i < n.qkv; i += nb)
-      traced(p, l, 0, base + i, [&] { qkv_item<D>(p, l, i, n.fc2); });
+      traced(p, l, 0, base + i, [&] { qkv_item<D, kFp8>(p, l, i, n.fc2); });
     base += n.qkv;
     for (int i = first_item(base); i < n.attn; i += nb)
-      traced(p, l, 1, base + i, [&] { attn_item<D>(p, l, i, n.qkv / p.Hkv); });
+      traced(p, l, 1, base + i, [&] { attn_item<D, kFp8>(p, l, i, n.qkv / p.Hkv); });
     base += n.attn;
     for (int i = first_item(base); i < n.oproj; i += nb) traced(p, l, 2, base + i, [&] { oproj_item<D>(p, l, i); });
     base += n.oproj;
@@ -228,17 +230,17 @@ size_t smem_bytes(const DecodeStepParams& p) {
   return size_t(p.M) * mma::staged_ld(K) * 2;
 }
 
-template <int D>
+template <int D, bool kFp8>
 void launch(const DecodeStepParams& p, cudaStream_t s) {
   static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] { allow_dynamic_smem(decode_step_k<D>); });
+  once_per_device(ready, [] { allow_dynamic_smem(decode_step_k<D, kFp8>); });
   // Resident CTAs per SM for this shape (not cached: runners of different shapes may share a process;
   // in graph mode this runs once, at capture).
   const size_t smem = smem_bytes(p);
   int dev = 0, sms = 0, per_sm = 0;
   MX_CUDA(cudaGetDevice(&dev));
   MX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step_k<D>, 128, smem));
+  MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step_k<D, kFp8>, 128, smem));
   if (per_sm < 1) throw_error("decode_step: the kernel does not fit on an SM");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(per_sm * sms);
@@ -250,7 +252,7 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  MX_CUDA(cudaLaunchKernelEx(&cfg, decode_step_k<D>, p));
+  MX_CUDA(cudaLaunchKernelEx(&cfg, decode_step_k<D, kFp8>, p));
 }
 
 }  // namespace
@@ -267,9 +269,9 @@ void decode_step(const DecodeStepParams& p, cudaStream_t s) {
     throw_error("decode_step: needs at most 16 KV heads of 8 query heads each");
   if (p.E < kTopK || p.E > 128 || p.H % 32 || p.I % 32) throw_error("decode_step: unsupported expert shapes");
   MX_CUDA(cudaMemsetAsync(p.counters, 0, decode_step_counter_words(p.num_layers) * 4, s));
-  if (p.D == 64) launch<64>(p, s);
-  else if (p.D == 16) launch<16>(p, s);
-  else throw_error("decode_step: head_dim " + std::to_string(p.D) + " is not instantiated (16, 64)");
+  if (p.D != 64 && p.D != 16) throw_error("decode_step: head_dim " + std::to_string(p.D) + " is not instantiated (16, 64)");
+  if (p.kv_fp8) p.D == 64 ? launch<64, true>(p, s) : launch<16, true>(p, s);
+  else p.D == 64 ? launch<64, false>(p, s) : launch<16, false>(p, s);
 }
 
 }  // namespace mx::cuda

@@ -26,7 +26,7 @@ struct DecodeStepLayer {
   const uint16_t *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
   const uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
   const uint16_t *up_bias, *down_bias;
-  KvLayer kv;  // the layer's paged cache (bf16)
+  KvLayer kv;  // the layer's paged cache (bf16 or fp8)
   int window;  // 0 = full attention
 };
 
@@ -52,6 +52,7 @@ struct DecodeStepParams {
   float concentration = 1.f, eps = 1e-5f, alpha = 1.702f, limit = 7.f;
   int M = 1, H = 0, I = 0, E = 0, Hq = 0, Hkv = 0, D = 64;
   bool kv_stable = false;   // one token per sequence: attention reads older keys before waiting
+  bool kv_fp8 = false;      // every layer's cache is E4M3 (kv_cache.h)
   // Diagnostics (bench --step-trace): per work item in sequence order, 4 words: globaltimer ns at
   // entry, when its wait was satisfied (0: no wait), at exit, and sm | phase << 8 | layer << 16.
   unsigned long long* trace = nullptr;

@@ -53,20 +53,24 @@ __device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s
 
 // One token: the full-attention layer's older K / V blocks (those holding keys [0, pos)) into L2, one
 // prefetch of a block's K or V rows (all KV heads, contiguous) per item, the items spread over the CTAs.
+template <bool kFp8>
 __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta) {
   const int pos = ld_keep(p.pos), nb = (pos + p.kv.block_size - 1) / p.kv.block_size;
   const int32_t* bt = p.block_tables + ld_keep(p.bt_off);
-  const size_t block_bytes = size_t(p.kv.block_size) * p.Hkv * p.D * p.kv.elem_bytes();
-  for (int i = cta; i < 2 * nb; i += gridDim.x)
-    l2_prefetch(static_cast<const uint8_t*>(i & 1 ? p.kv.v : p.kv.k) + size_t(ld_keep(bt + i / 2)) * block_bytes,
-                uint32_t(block_bytes));
+  const size_t block_elems = size_t(p.kv.block_size) * p.Hkv * p.D;
+  for (int i = cta; i < 2 * nb; i += gridDim.x) {
+    if constexpr (kFp8)
+      l2_prefetch((i & 1 ? p.kv.v_fp8() : p.kv.k_fp8()) + size_t(ld_keep(bt + i / 2)) * block_elems, uint32_t(block_elems));
+    else
+      l2_prefetch((i & 1 ? p.kv.v_bf16() : p.kv.k_bf16()) + size_t(ld_keep(bt + i / 2)) * block_elems, uint32_t(block_elems * 2));
+  }
 }
 
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
 // kEarlyInputs: the epilogue's bias, RoPE frequency and token 0's position and cache row are read before the
 // wait (l2_prefetch.cuh). The persistent step's item reads them in its epilogue: held across the item they
-// add to its spills (docs/perf.md).
-template <int KSPLIT, bool kOneTokenNorm, bool kEarlyInputs, class Wait>
+// add to its spills (docs/perf.md). kFp8: the cache is E4M3 (kv_cache.h).
+template <int KSPLIT, bool kOneTokenNorm, bool kEarlyInputs, bool kFp8, class Wait>
 __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -80,7 +84,7 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   split_range(p.H / 32, kp, KSPLIT, s0, s1);
   Bf16PipeT<kQkvU> pipe{{}, {}, p.w + size_t(rA) * p.H, p.w + size_t(rB) * p.H, s1, t};
   pipe.load(s0);
-  if (p.kv_prefetch && threadIdx.x == 0) prefetch_kv_l2(p, cta);
+  if (p.kv_prefetch && threadIdx.x == 0) prefetch_kv_l2<kFp8>(p, cta);
   if (threadIdx.x == 0) {
     l2_prefetch_keep(p.norm_w, p.H * 2);  // the staging's gamma, after the wait
     if (p.M > 1) l2_prefetch_keep(p.pos, p.M * 4), l2_prefetch_keep(p.slot, p.M * 4);
@@ -120,13 +124,12 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
     } else {
       const bool is_k = h < p.Hq + p.Hkv;
       const int kvh = is_k ? h - p.Hq : h - p.Hq - p.Hkv;
-      const size_t off = size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
-      if (p.kv.fp8()) {
-        uint8_t* row = (is_k ? p.kv.k_fp8() : p.kv.v_fp8()) + off;
+      if constexpr (kFp8) {
+        uint8_t* row = (is_k ? p.kv.k_fp8() : p.kv.v_fp8()) + size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
         row[d] = kv_to_e4m3(x1);
         row[d + half] = kv_to_e4m3(x2);
       } else {
-        uint16_t* row = (is_k ? p.kv.k_bf16() : p.kv.v_bf16()) + off;
+        uint16_t* row = (is_k ? p.kv.k_bf16() : p.kv.v_bf16()) + size_t(n ? p.slot[n] : slot0) * p.Hkv * p.D + kvh * p.D;
         row[d] = to_bf(x1);
         row[d + half] = to_bf(x2);
       }

@@ -76,7 +76,6 @@ class Forward {
   void reduce_after_attention(int layer) { (void)layer; }
   void reduce_after_experts(int layer) { (void)layer; }
   void mark(const char* name, double bytes) { probe_.mark(name, bytes, stream_); }
-  bool kv_fp8() const { return kv_.spec.dtype == cuda::KvDtype::kFp8E4m3; }
 
   const DeviceModel& model_;
   const DeviceShape& shape_;

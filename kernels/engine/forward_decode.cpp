@@ -31,7 +31,7 @@ Forward::Forward(const DeviceModel& model, const KvCache& kv, const Activations&
     sl[size_t(l)] = {d.attn_norm, d.qkv_w, d.qkv_b, d.o_w, d.o_b, d.sinks, d.mlp_norm, d.router_w, d.router_b,
                      d.up_blocks, d.up_scales, d.down_blocks, d.down_scales, d.up_bias, d.down_bias,
                      kv.layers[size_t(l)], model.window(l)};
-    if (!kv_fp8()) cuda::require_bf16_kv(kv.layers[size_t(l)], "decode_step");
+    cuda::require_kv(kv.layers[size_t(l)], "decode_step", true);
   }
   MX_CUDA(cudaMemcpy(act_.step_layers, sl.data(), sl.size() * sizeof(sl[0]), cudaMemcpyHostToDevice));
 }
@@ -41,8 +41,8 @@ Forward::~Forward() {
 }
 
 void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_token_per_seq) {
-  // The profile and the skipped kinds need the per-op launches; the persistent step reads a bf16 cache.
-  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip && !kv_fp8()) {
+  // The profile and the skipped kinds need the per-op launches.
+  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip) {
     decode_persistent(st, t0, M, one_token_per_seq);
     if (S > 0) final_logits(st, cuda::decode_step_output(act_.xa, act_.xb, shape_.layers), act_.ysl,
                             st.dev->srow_local + s0, s0, S);
@@ -194,6 +194,7 @@ void Forward::decode_persistent(const StepView& st, int t0, int M, bool one_toke
   p.M = M; p.H = shape_.H; p.I = shape_.I; p.E = shape_.E;
   p.Hq = shape_.Hq; p.Hkv = shape_.Hkv; p.D = shape_.D;
   p.kv_stable = one_token_per_seq;
+  p.kv_fp8 = kv_.spec.dtype == cuda::KvDtype::kFp8E4m3;
   p.trace = probe_.trace;
   if (probe_.trace) {
     probe_.trace_items = cuda::decode_step_items(M, p.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);

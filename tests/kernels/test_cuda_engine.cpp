@@ -351,7 +351,8 @@ enum class DecodePath { kLayered, kPersistent };
 
 // Logits of `nseq` sequences of P prompt tokens, then `steps` decode steps of all of them (M = nseq
 // tokens per step), on the given decode path.
-std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, DecodePath path, bool graphs) {
+std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, DecodePath path, bool graphs,
+                                 bool fp8) {
   const std::string dir = e2e_fixture(preset);
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + steps, nblk = (N + bs - 1) / bs;
@@ -365,6 +366,7 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   opt.keep_logits = true;
   opt.decode_step_min_tokens = path == DecodePath::kPersistent ? 1 : 9;
   opt.use_graphs = graphs;
+  opt.kv_fp8 = fp8;
   auto gpu = mx::make_cuda_runner(opt);
   std::vector<float> all;
   std::vector<std::vector<int32_t>> bt(nseq);
@@ -403,9 +405,9 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
 // amplify the difference. So per logit row (every sequence, every step): relative L2 <= 5e-2 and the
 // same greedy pick, except where the layered path's top two logits are within 2 % of each other (a
 // near tie that rounding may swap).
-void expect_persistent_matches_layered(const char* preset, int nseq, int P, int steps, bool graphs) {
-  const auto want = decode_logits(preset, nseq, P, steps, DecodePath::kLayered, graphs);
-  const auto got = decode_logits(preset, nseq, P, steps, DecodePath::kPersistent, graphs);
+void expect_persistent_matches_layered(const char* preset, int nseq, int P, int steps, bool graphs, bool fp8 = false) {
+  const auto want = decode_logits(preset, nseq, P, steps, DecodePath::kLayered, graphs, fp8);
+  const auto got = decode_logits(preset, nseq, P, steps, DecodePath::kPersistent, graphs, fp8);
   ASSERT_EQ(got.size(), want.size());
   const int rows = nseq * (steps + 1);
   const size_t V = want.size() / size_t(rows);
@@ -437,6 +439,11 @@ TEST(CudaRunner, PersistentDecodeMatchesLayeredOneToken) { expect_persistent_mat
 TEST(CudaRunner, PersistentDecodeMatchesLayeredMiniGraphs) { expect_persistent_matches_layered("mini", 8, 5, 5, true); }
 // 150-token prompts: the decode attention of the full layers runs two splits and their merge.
 TEST(CudaRunner, PersistentDecodeMatchesLayeredMiniLong) { expect_persistent_matches_layered("mini", 3, 150, 8, false); }
+// The FP8 cache: both paths write K and V with the same qkv body, so they round the same values.
+TEST(CudaRunner, PersistentDecodeMatchesLayeredFp8KvCache) { expect_persistent_matches_layered("mini", 8, 5, 5, true, true); }
+TEST(CudaRunner, PersistentDecodeMatchesLayeredFp8KvCacheLong) {
+  expect_persistent_matches_layered("mini", 3, 150, 8, false, true);
+}
 
 }  // namespace
 
