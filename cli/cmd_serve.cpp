@@ -148,7 +148,8 @@ void run_serve(ServeOptions o) {
               "caching {}",
               device_name(dev), cfg.num_layers, engine->max_model_len(), runner->kv_shape().num_blocks,
               runner->kv_shape().block_size, int64_t(runner->kv_shape().num_blocks) * runner->kv_shape().block_size,
-              o.kv_cache_dtype == "fp8" ? "fp8 e4m3" : "bf16", o.enable_prefix_caching ? "on" : "off");
+              o.kv_cache_dtype == "fp8" ? "fp8 e4m3" : dev == Device::kCuda ? "bf16" : "fp32",
+              o.enable_prefix_caching ? "on" : "off");
   } catch (...) {
     srv.stop();
     http.join();
