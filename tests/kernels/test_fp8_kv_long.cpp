@@ -10,11 +10,14 @@
 // |d log-prob| 0.11-0.16, with no growth from 128 to 32k tokens (softmax and P.V stay fp32). Bounds:
 // mean rel L2 <= 6e-2 and greedy agreement >= 75 % at every length: a reader or writer that misplaces
 // values is off at every position, and error that grew with the context would pass 6e-2 at 32k.
+// With MXSERVE_DUMP_DIR set, each length's prompt and both runs' tail logits go there for
+// tools/goldens/long_prompt_check.py (transformers on the same fixture, the GPU machine).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -79,6 +82,23 @@ std::vector<std::vector<float>> tail_logits(const std::string& dir, const std::v
   return out;
 }
 
+// Raw little-endian arrays: L.ids (int32 [L]), L.bf16.f32 / L.fp8.f32 (float32 [kTail][V]).
+void dump(const char* dir, int L, const std::vector<int32_t>& ids, const std::vector<std::vector<float>>& a,
+          const std::vector<std::vector<float>>& b) {
+  auto write = [&](const std::string& name, const void* p, size_t bytes) {
+    FILE* f = std::fopen((std::string(dir) + "/" + std::to_string(L) + name).c_str(), "wb");
+    ASSERT_NE(f, nullptr) << dir;
+    ASSERT_EQ(std::fwrite(p, 1, bytes, f), bytes);
+    std::fclose(f);
+  };
+  write(".ids", ids.data(), ids.size() * 4);
+  for (int k = 0; k < 2; ++k) {
+    std::vector<float> all;
+    for (const auto& row : k ? b : a) all.insert(all.end(), row.begin(), row.end());
+    write(k ? ".fp8.f32" : ".bf16.f32", all.data(), all.size() * 4);
+  }
+}
+
 std::vector<double> log_softmax(const std::vector<float>& x) {
   const double m = *std::max_element(x.begin(), x.end());
   double s = 0;
@@ -99,6 +119,7 @@ TEST(Fp8KvLongPrompts, LogitsAgainstBf16Cache) {
     const auto a = tail_logits(dir, prompt, false), b = tail_logits(dir, prompt, true);
     ASSERT_EQ(a.size(), size_t(kTail));
     ASSERT_EQ(b.size(), size_t(kTail));
+    if (const char* dir = std::getenv("MXSERVE_DUMP_DIR")) dump(dir, L, prompt, a, b);
     double rel_sum = 0, rel_max = 0, dlp = 0;
     int agree = 0;
     for (int p = 0; p < kTail; ++p) {
