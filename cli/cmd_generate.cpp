@@ -26,6 +26,7 @@ struct GenerateOptions {
   float gpu_memory_utilization = 0.9f;
   int threads = 0;
   std::string kv_cache_dtype = "auto";
+  std::string mxfp4_layers = "none", fp8_layers = "none";  // model/dense_quant.h
 };
 
 // The CUDA engine takes a prompt in chunks of at most this many tokens per step.
@@ -35,6 +36,10 @@ constexpr int kCudaPrefillChunk = 2048;
 // sliding-window layers keep all of them in blocks of their own (contiguous_kv_tables).
 std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, Device dev, int total_tokens, int vocab_limit) {
   const int blocks = (total_tokens + 15) / 16;
+  const DenseQuant dense = parse_dense_quant(o.mxfp4_layers, o.fp8_layers);
+  if (dense.any() && dev == Device::kCuda)
+    fail("--mxfp4-layers / --fp8-layers are not supported yet on the CUDA engine (the CPU runner, --device cpu, "
+         "applies them)");
   if (dev == Device::kCuda)
     return make_cuda_model_runner({.model_dir = o.model_dir, .gpu_memory_utilization = o.gpu_memory_utilization,
                                    .max_model_len = blocks * kCudaBlockSize, .max_num_seqs = 1,
@@ -48,6 +53,7 @@ std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, Device dev, i
   ro.kv_tokens = 2 * blocks * 16;
   ro.vocab_limit = vocab_limit;
   ro.kv_fp8 = o.kv_cache_dtype == "fp8";
+  ro.dense = dense;
   return std::make_unique<CpuRunner>(ro);
 }
 
@@ -143,6 +149,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8 (E4M3 K and V: half the bytes)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_option("--mxfp4-layers", o->mxfp4_layers, "none|all|list of qkv,o,lm_head: MXFP4 dense weights (CPU for now)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-layers", o->fp8_layers, "none|all|list of qkv,o,lm_head: FP8 dense weights (CPU for now)")
+      ->capture_default_str();
   cmd->callback([o] { run_generate(*o); });
 }
 

@@ -31,6 +31,7 @@ struct ServeOptions {
   int max_prefill_tokens_with_decodes = 2048;  // runtime::EngineOptions
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
+  std::string mxfp4_layers = "none", fp8_layers = "none";  // model/dense_quant.h
   std::string device = "auto";
   int threads = 0;
   int kv_tokens = 16384;
@@ -73,6 +74,7 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
     ro.num_threads = o.threads;
     ro.kv_tokens = o.kv_tokens;
     ro.kv_fp8 = o.kv_cache_dtype == "fp8";
+    ro.dense = parse_dense_quant(o.mxfp4_layers, o.fp8_layers);
     ro.vocab_limit = vocab_limit;
     auto runner = std::make_unique<CpuRunner>(ro);
     const int cap = max_sequence_tokens(runner->kv_shape(), o.max_num_batched_tokens);
@@ -94,6 +96,9 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
 
 void run_serve(ServeOptions o) {
   const Device dev = resolve_device(o.device);
+  if (parse_dense_quant(o.mxfp4_layers, o.fp8_layers).any() && dev == Device::kCuda)
+    fail("--mxfp4-layers / --fp8-layers are not supported yet on the CUDA engine (the CPU runner, --device cpu, "
+         "applies them)");
   if (!o.dummy_weights.empty()) {
     if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
     if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");
@@ -185,6 +190,10 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8")->capture_default_str()->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_option("--mxfp4-layers", o->mxfp4_layers, "none|all|list of qkv,o,lm_head: MXFP4 dense weights (CPU for now)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-layers", o->fp8_layers, "none|all|list of qkv,o,lm_head: FP8 dense weights (CPU for now)")
+      ->capture_default_str();
   cmd->add_option("--kv-tokens", o->kv_tokens, "CPU: KV capacity in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 24));
   cmd->add_option("--dummy-weights", o->dummy_weights, "serve random weights at a preset's shapes (20b|120b; CUDA, benchmarks)")
       ->check(CLI::IsMember({"20b", "120b"}));

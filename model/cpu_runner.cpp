@@ -14,6 +14,7 @@ CpuRunner::CpuRunner(const CpuRunnerOptions& opt)
       pool_(opt.num_threads) {
   if (opt.kv_block_size < 1 || opt.kv_tokens < opt.kv_block_size)
     fail("KV cache of {} tokens in blocks of {} is too small", opt.kv_tokens, opt.kv_block_size);
+  apply_dense_quant(opt.dense, cfg_, weights_, dense_copies_);
   ref_ = std::make_unique<CpuReference>(cfg_, weights_, &pool_);
   kv_.allocate(cfg_, opt.kv_block_size, opt.kv_tokens / opt.kv_block_size);
   kv_.fp8 = opt.kv_fp8;

@@ -8,6 +8,7 @@
 #include "core/parallel.h"
 #include "model/checkpoint.h"
 #include "model/cpu_reference.h"
+#include "model/dense_quant.h"
 #include "model/model_runner.h"
 #include "model/sampler.h"
 #include "model/weights.h"
@@ -21,6 +22,7 @@ struct CpuRunnerOptions {
   int kv_tokens = 16384;       // KV capacity in tokens (all sequences together)
   int vocab_limit = 0;         // ids >= this are never sampled (tokenizer size); 0 = model vocab
   bool kv_fp8 = false;         // --kv-cache-dtype fp8 (CpuKvCache::fp8)
+  DenseQuant dense;            // --mxfp4-layers / --fp8-layers (model/dense_quant.h)
 };
 
 class CpuRunner : public ModelRunner {
@@ -35,6 +37,7 @@ class CpuRunner : public ModelRunner {
   ModelConfig cfg_;
   Checkpoint ckpt_;
   ModelWeights weights_;
+  std::vector<std::vector<uint16_t>> dense_copies_;  // the quantized dense tensors weights_ points at
   ThreadPool pool_;
   std::unique_ptr<CpuReference> ref_;
   CpuKvCache kv_;

@@ -20,6 +20,7 @@
 #include "core/parallel.h"
 #include "model/checkpoint.h"
 #include "model/cpu_reference.h"
+#include "model/dense_quant.h"
 #include "model/fixture.h"
 #include "model/weights.h"
 #include "tests/model/golden_fixture.h"
@@ -38,7 +39,8 @@ struct Errors {
 // fp8_kv: the KV cache rounds K and V to E4M3 (--kv-cache-dtype fp8); its tolerances are the
 // caller's (the bounds below are for the fp32 cache).
 // nullopt: the fixture is too large for this machine (MXSERVE_FIXTURE_CACHE unset).
-std::optional<Errors> check_golden(const fs::path& golden_path, bool fp8_kv = false) {
+std::optional<Errors> check_golden(const fs::path& golden_path, bool fp8_kv = false,
+                                   const mx::DenseQuant& dense = {}) {
   json g = json::parse(mx::read_text_file(golden_path.string()));
   bool temporary = false;
   const std::string dir = mx::test::golden_fixture_dir(g, &temporary);
@@ -46,6 +48,8 @@ std::optional<Errors> check_golden(const fs::path& golden_path, bool fp8_kv = fa
   mx::ModelConfig cfg = mx::load_model_config(dir);
   mx::Checkpoint ck = mx::Checkpoint::open(dir);
   mx::ModelWeights w = mx::bind_weights(ck, cfg);
+  std::vector<std::vector<uint16_t>> dense_copies;
+  mx::apply_dense_quant(dense, cfg, w, dense_copies);
   mx::ThreadPool pool(0);
   mx::CpuReference ref(cfg, w, &pool);
   std::vector<int> subset = g["subset_ids"].get<std::vector<int>>();
@@ -85,10 +89,10 @@ std::optional<Errors> check_golden(const fs::path& golden_path, bool fp8_kv = fa
     }
   }
   if (temporary) fs::remove_all(dir);
-  std::printf("[golden %s, %s KV] positions %d, max abs err %.3g, rel L2 %.3g, argmax mismatches %d "
+  std::printf("[golden %s, %s KV, %s] positions %d, max abs err %.3g, rel L2 %.3g, argmax mismatches %d "
               "(largest golden gap among them %.3g)\n",
-              golden_path.filename().c_str(), fp8_kv ? "fp8" : "fp32", err.positions, err.max_abs,
-              std::sqrt(err.num / err.den), err.argmax_mismatch, err.worst_flip_gap);
+              golden_path.filename().c_str(), fp8_kv ? "fp8" : "fp32", dense.describe().c_str(), err.positions,
+              err.max_abs, std::sqrt(err.num / err.den), err.argmax_mismatch, err.worst_flip_gap);
   return err;
 }
 
@@ -96,10 +100,10 @@ std::optional<Errors> check_golden(const fs::path& golden_path, bool fp8_kv = fa
 
 // The golden's errors, or nullopt (the test skips) where its file, the tokenizer or the fixture is
 // not available here.
-std::optional<Errors> golden_errors(const char* name, bool fp8_kv) {
+std::optional<Errors> golden_errors(const char* name, bool fp8_kv, const mx::DenseQuant& dense = {}) {
   fs::path path = fs::path(MX_SOURCE_DIR) / "tests/data/goldens" / name;
   if (!fs::exists(path) || !fs::exists(std::string(MXSERVE_ASSET_DIR) + "/tokenizer/tokenizer.json")) return std::nullopt;
-  return check_golden(path, fp8_kv);
+  return check_golden(path, fp8_kv, dense);
 }
 
 void run_golden(const char* name) {
@@ -136,4 +140,21 @@ TEST(GoldenLogits, Width120bTwoLayersCpuReferenceWithFp8KvCache) {
   const auto err = golden_errors("w120_l2.json", true);
   if (!err) GTEST_SKIP() << "w120_l2 golden or its fixture not available here (MXSERVE_FIXTURE_CACHE)";
   EXPECT_LE(std::sqrt(err->num / err->den), 1.1e-1);
+}
+
+// Quantized dense layers (--mxfp4-layers / --fp8-layers) against the same goldens: the error the
+// rounding of qkv, o and lm_head adds on tiny, per setting (docs/equivalence.md has the table). E2M1
+// keeps 1 mantissa bit (up to 1/4 relative error a weight, 1/12 typical), E4M3 3 bits; tiny's random
+// layers amplify both. Bounds: 1.5x the measured rel L2 of each setting.
+TEST(GoldenLogits, TinyCpuReferenceWithQuantizedDenseLayers) {
+  struct Setting { const char *mxfp4, *fp8; double bound; };
+  // Measured rel L2 (greedy picks changed of 49): mxfp4 qkv,o 0.188 (25), lm_head 0.0965 (14), all 0.211
+  // (25); fp8 qkv,o 0.0393 (8), lm_head 0.023 (7), all 0.0454 (9).
+  const Setting settings[] = {{"qkv,o", "none", 0.28}, {"lm_head", "none", 0.15}, {"all", "none", 0.32},
+                              {"none", "qkv,o", 0.06}, {"none", "lm_head", 0.035}, {"none", "all", 0.07}};
+  for (const Setting& st : settings) {
+    const auto err = golden_errors("tiny.json", false, mx::parse_dense_quant(st.mxfp4, st.fp8));
+    if (!err) GTEST_SKIP() << "tiny golden not available here";
+    EXPECT_LE(std::sqrt(err->num / err->den), st.bound) << st.mxfp4 << " / " << st.fp8;
+  }
 }
