@@ -8,6 +8,9 @@ jobs=$(nproc)
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs" --timeout 600
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
+  bash scripts/compile-blackwell.sh sm_121a
+fi
 if [ -f tests/server/run.sh ]; then
   bash tests/server/run.sh build/cli/mxserve
 fi
