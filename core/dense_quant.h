@@ -48,6 +48,25 @@ inline void mxfp4_round_row(float* x, int n) {
   }
 }
 
+// A row of n values (n % 32 == 0) packed as the checkpoint stores MXFP4 (core/mxfp4.h): blocks
+// n / 2 bytes (low nibble = even element), scales n / 32 E8M0 bytes. Decodes to mxfp4_round_row's values.
+inline void mxfp4_pack_row(const float* x, int n, uint8_t* blocks, uint8_t* scales) {
+  for (int b = 0; b < n; b += 32) {
+    const int s = pow2_scale_exponent(x + b, 32, 6.0f);
+    scales[b / 32] = uint8_t(s + 127);
+    for (int j = 0; j < 16; ++j)
+      blocks[b / 2 + j] = uint8_t(f32_to_e2m1(std::ldexp(x[b + 2 * j], -s)) |
+                                  (f32_to_e2m1(std::ldexp(x[b + 2 * j + 1], -s)) << 4));
+  }
+}
+
+// A row as E4M3 codes and its scale exponent s (value = e4m3 * 2^s). Decodes to fp8_round_row's values.
+inline int fp8_pack_row(const float* x, int n, uint8_t* codes) {
+  const int s = pow2_scale_exponent(x, n, 448.0f);
+  for (int i = 0; i < n; ++i) codes[i] = f32_to_e4m3(std::ldexp(x[i], -s));
+  return s;
+}
+
 // Rounds a row in place to E4M3 times the row's power-of-two scale.
 inline void fp8_round_row(float* x, int n) {
   const int s = pow2_scale_exponent(x, n, 448.0f);

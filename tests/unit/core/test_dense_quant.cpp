@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -61,6 +62,25 @@ TEST(DenseQuant, RowsRoundWithinHalfAStepAndNeverSaturate) {
     EXPECT_EQ(e4m3_round(std::ldexp(e[size_t(i)], -s8)), std::ldexp(e[size_t(i)], -s8)) << i;
     EXPECT_LE(std::fabs(e[size_t(i)] - v[size_t(i)]), std::fabs(v[size_t(i)]) / 16 + std::ldexp(1.0f, s8 - 10)) << i;
   }
+}
+
+TEST(DenseQuant, PackedRowsDecodeToTheRoundedValues) {
+  std::mt19937 g(11);
+  std::normal_distribution<float> n(0, 1);
+  std::vector<float> v(160);  // five blocks, one of them all zero
+  for (auto& f : v) f = n(g) * 0.03f;
+  std::fill(v.begin() + 64, v.begin() + 96, 0.0f);
+  std::vector<uint8_t> blocks(80), scales(5), codes(160);
+  mxfp4_pack_row(v.data(), 160, blocks.data(), scales.data());
+  std::vector<float> decoded(160), rounded = v;
+  mxfp4_decode_row(blocks.data(), scales.data(), 160, decoded.data());
+  mxfp4_round_row(rounded.data(), 160);
+  for (int i = 0; i < 160; ++i) EXPECT_EQ(decoded[size_t(i)], rounded[size_t(i)]) << i;
+  EXPECT_EQ(scales[2], 0);  // the zero block: E8M0 2^-127, all codes 0
+  const int s = fp8_pack_row(v.data(), 160, codes.data());
+  rounded = v;
+  fp8_round_row(rounded.data(), 160);
+  for (int i = 0; i < 160; ++i) EXPECT_EQ(std::ldexp(e4m3_to_f32(codes[size_t(i)]), s), rounded[size_t(i)]) << i;
 }
 
 }  // namespace
