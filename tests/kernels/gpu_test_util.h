@@ -11,6 +11,7 @@
 
 #include "core/bf16.h"
 #include "core/mxfp4.h"
+#include "model/model_runner.h"
 
 namespace mx::test {
 
@@ -56,6 +57,21 @@ inline std::vector<uint8_t> random_u8(size_t n, std::mt19937& rng, int lo = 0, i
 inline float mxfp4_at(const uint8_t* blocks, const uint8_t* scales, int k) {
   const uint8_t b = blocks[k / 2];
   return kFp4Values[k % 2 ? b >> 4 : b & 15] * e8m0_to_f32(scales[k / 32]);
+}
+
+// One greedy step of one sequence (its tokens at positions start ..), the runner's logits kept.
+inline SampleResult greedy_step(ModelRunner& r, std::span<const int32_t> tokens, int start,
+                                std::span<const int32_t> table, std::span<const int32_t> sliding) {
+  SeqStep s;
+  s.tokens = tokens;
+  s.start_pos = start;
+  s.block_table = table;
+  s.sliding_table = sliding;
+  s.sample = true;
+  s.sampling.temperature = 0;
+  SampleResult out;
+  r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&out, 1));
+  return out;
 }
 
 }  // namespace mx::test

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/engine/cuda_runner.h"
+#include "tests/kernels/gpu_test_util.h"
 #include "model/fixture.h"
 
 namespace {
@@ -64,15 +65,7 @@ std::vector<std::vector<float>> tail_logits(const std::string& dir, const std::v
   std::vector<std::vector<float>> out;
   for (int t0 = 0; t0 < L;) {
     const int n = t0 < L - kTail ? std::min(2048, L - kTail - t0) : 1;
-    mx::SeqStep s;
-    s.tokens = std::span<const int32_t>(&prompt[size_t(t0)], size_t(n));
-    s.start_pos = t0;
-    s.block_table = table;
-    s.sliding_table = sliding;
-    s.sample = true;
-    s.sampling.temperature = 0;
-    mx::SampleResult r;
-    gpu->step(std::span<const mx::SeqStep>(&s, 1), std::span<mx::SampleResult>(&r, 1));
+    mx::test::greedy_step(*gpu, std::span<const int32_t>(&prompt[size_t(t0)], size_t(n)), t0, table, sliding);
     t0 += n;
     if (t0 > L - kTail) {
       auto g = gpu->last_logits(0);

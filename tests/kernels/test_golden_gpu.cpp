@@ -23,6 +23,7 @@
 
 #include "core/mmap_file.h"
 #include "kernels/engine/cuda_runner.h"
+#include "tests/kernels/gpu_test_util.h"
 #include "tests/model/golden_fixture.h"
 
 namespace {
@@ -62,16 +63,9 @@ void check_gpu_golden(const char* name, int prefill_first = 0, bool fp8 = false)
     for (int i = 0; i < nb; ++i) sliding[i] = nb + 2 + (i + 1) % nb;
     const size_t first = prefill_first > 0 ? std::min<size_t>(prefill_first, ids.size() / 2) : 1;
     for (size_t t = first - 1; t < ids.size(); ++t) {
-      mx::SeqStep s;
       const size_t t0 = t == first - 1 ? 0 : t;
-      s.tokens = std::span<const int32_t>(&ids[t0], t + 1 - t0);
-      s.start_pos = int(t0);
-      s.block_table = table;
-      s.sliding_table = sliding;
-      s.sample = true;
-      s.sampling.temperature = 0;
-      mx::SampleResult r;
-      gpu->step(std::span<const mx::SeqStep>(&s, 1), std::span<mx::SampleResult>(&r, 1));
+      const mx::SampleResult r =
+          mx::test::greedy_step(*gpu, std::span<const int32_t>(&ids[t0], t + 1 - t0), int(t0), table, sliding);
       auto logits = gpu->last_logits(0);
       ASSERT_EQ(int(logits.size()), gpu->config().vocab_size);
       const json& pos = p["positions"][t];
