@@ -41,7 +41,7 @@ void launch(const AttnDecodeParams& p, cudaStream_t s) {
 }  // namespace
 
 void attention_decode(const AttnDecodeParams& p, cudaStream_t s) {
-  require_kv(p.kv, "attention_decode", true);
+  require_kv(p.kv, "attention_decode");
   if (p.Hq != kAttnDecodeGroup * p.Hkv) throw_error("attention_decode: needs 8 query heads per KV head");
   if (p.D == 64) launch<64>(p, s);
   else if (p.D == 16) launch<16>(p, s);

@@ -450,7 +450,7 @@ void launch(const AttnDecodeParams& p, cudaStream_t s) {
 }  // namespace
 
 void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s) {
-  require_kv(p.kv, "attention_decode_mma", true);
+  require_kv(p.kv, "attention_decode_mma");
   if (p.D != D) throw_error("attention_decode_mma: head_dim " + std::to_string(p.D) + " is not instantiated (64)");
   if (p.Hq != G * p.Hkv) throw_error("attention_decode_mma: needs 8 query heads per KV head");
   if (!p.mma_partials) throw_error("attention_decode_mma: mma_partials (attention_decode_mma_scratch_words) not set");

@@ -270,7 +270,7 @@ __global__ void __launch_bounds__(32 * kMaxG, kFp8 ? 2 : 0) attn_prefill_kernel(
 }  // namespace
 
 void attention_prefill_bf16(const AttnPrefillParams& p, cudaStream_t s) {
-  require_kv(p.kv, "attention_prefill", true);
+  require_kv(p.kv, "attention_prefill");
   if (p.T <= 0) return;
   if (p.Hkv <= 0 || p.Hq % p.Hkv || p.Hq / p.Hkv > kMaxG)
     throw std::invalid_argument("attention_prefill_bf16: needs Hq a multiple of Hkv with at most " +

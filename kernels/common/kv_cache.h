@@ -42,15 +42,13 @@ struct KvLayer {
   __host__ __device__ uint16_t* v_bf16() const { return static_cast<uint16_t*>(v); }
   __host__ __device__ uint8_t* k_fp8() const { return static_cast<uint8_t*>(k); }
   __host__ __device__ uint8_t* v_fp8() const { return static_cast<uint8_t*>(v); }
-  __host__ __device__ size_t elem_bytes() const { return fp8() ? 1 : 2; }
 };
 
-// Every kernel that touches the cache checks its format: bf16 always, fp8 where it is built for it.
-inline void require_kv(const KvLayer& kv, const char* kernel, bool fp8_ok) {
-  if (kv.dtype != KvDtype::kBf16 && !(fp8_ok && kv.dtype == KvDtype::kFp8E4m3))
+// Every kernel that touches the cache checks its format (all of them read and write bf16 and fp8).
+inline void require_kv(const KvLayer& kv, const char* kernel) {
+  if (kv.dtype != KvDtype::kBf16 && kv.dtype != KvDtype::kFp8E4m3)
     throw_error(std::string(kernel) + ": KV cache dtype " + kv_dtype_name(kv.dtype) + " is not supported");
   if (!kv.k || !kv.v) throw_error(std::string(kernel) + ": KV cache arrays not set");
 }
-inline void require_bf16_kv(const KvLayer& kv, const char* kernel) { require_kv(kv, kernel, false); }
 
 }  // namespace mx::cuda

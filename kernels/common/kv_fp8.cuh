@@ -19,10 +19,5 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
   const uint32_t h = e4m3x2_to_f16x2(two);
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
-// As bf16x2 (E4M3's 3-bit mantissa and exponent range fit bf16): exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two) {
-  const float2 f = e4m3x2_to_float2(two);
-  return (__float_as_uint(f.x) >> 16) | (__float_as_uint(f.y) & 0xffff0000u);
-}
 
 }  // namespace mx::cuda

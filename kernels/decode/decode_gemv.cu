@@ -152,7 +152,7 @@ void check_m(int M) {
 }  // namespace
 
 void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
-  require_kv(p.kv, "qkv decode", true);
+  require_kv(p.kv, "qkv decode");
   check_m(p.M);
   if (p.D % 16 || p.H % 32) throw_error("qkv decode: head_dim must be a multiple of 16 and hidden of 32");
   static std::atomic<unsigned long long> ready{0};

@@ -217,7 +217,7 @@ void launch_rmsnorm_bf16(const float* x, const int32_t* rows, const uint16_t* g,
   rmsnorm_k<<<M, 256, 0, s>>>(x, rows, g, y, H, eps);
 }
 void launch_rope_kv(const RopeKvParams& p, cudaStream_t s) {
-  require_kv(p.kv, "rope_kv", true);
+  require_kv(p.kv, "rope_kv");
   rope_kv_k<<<p.M, 256, 0, s>>>(p);
 }
 void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, int k, cudaStream_t s) {

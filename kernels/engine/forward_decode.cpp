@@ -31,7 +31,7 @@ Forward::Forward(const DeviceModel& model, const KvCache& kv, const Activations&
     sl[size_t(l)] = {d.attn_norm, d.qkv_w, d.qkv_b, d.o_w, d.o_b, d.sinks, d.mlp_norm, d.router_w, d.router_b,
                      d.up_blocks, d.up_scales, d.down_blocks, d.down_scales, d.up_bias, d.down_bias,
                      kv.layers[size_t(l)], model.window(l)};
-    cuda::require_kv(kv.layers[size_t(l)], "decode_step", true);
+    cuda::require_kv(kv.layers[size_t(l)], "decode_step");
   }
   MX_CUDA(cudaMemcpy(act_.step_layers, sl.data(), sl.size() * sizeof(sl[0]), cudaMemcpyHostToDevice));
 }
