@@ -12,7 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/dense_quant.h"
+#include "cli/device.h"
 #ifdef MXSERVE_HAVE_CUDA
 #include "cli/bench_hooks.h"
 #include "kernels/engine/cuda_runner.h"
@@ -32,8 +32,7 @@ struct BenchOptions {
   bool clone_rows = false;  // decode rows share row 0's prompt and first token (an optimistic figure)
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
-  std::string kv_cache_dtype = "auto";
-  std::string mxfp4_layers = "none", fp8_layers = "none";  // refused on the CUDA engine for now
+  FormatFlags formats;  // --kv-cache-dtype, --mxfp4-layers, --fp8-layers
 };
 
 struct Stat { double mean = 0, sd = 0; };
@@ -213,9 +212,7 @@ void run_bench(const BenchOptions& o) {
   eo.preset = o.preset;
   eo.model_dir = o.model;
   eo.gpu_memory_utilization = o.gpu_mem;
-  eo.kv_fp8 = o.kv_cache_dtype == "fp8";
-  if (parse_dense_quant(o.mxfp4_layers, o.fp8_layers).any())
-    fail("bench: --mxfp4-layers / --fp8-layers are not supported yet on the CUDA engine");
+  eo.kv_fp8 = resolve_formats(o.formats, Device::kCuda).kv_fp8;
   eo.block_size = 16;
   eo.max_model_len = o.depth + std::max(max_pp, max_tg) + 16;
   eo.max_num_seqs = max_b;
@@ -447,13 +444,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--depth", o->depth, "KV depth filled before each test")->check(CLI::NonNegativeNumber);
   cmd->add_option("--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-memory-utilization", o->gpu_mem, "fraction of GPU memory to use")->check(CLI::Range(0.05, 1.0));
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
-  cmd->add_option("--mxfp4-layers", o->mxfp4_layers, "none|all|list of qkv,o,lm_head (not yet on the CUDA engine)")
-      ->capture_default_str();
-  cmd->add_option("--fp8-layers", o->fp8_layers, "none|all|list of qkv,o,lm_head (not yet on the CUDA engine)")
-      ->capture_default_str();
+  add_format_flags(cmd, &o->formats);
   cmd->add_option("--prefill-min-tokens", o->prefill_min_tokens,
                   "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");

@@ -25,8 +25,7 @@ struct GenerateOptions {
   std::string device = "auto";
   float gpu_memory_utilization = 0.9f;
   int threads = 0;
-  std::string kv_cache_dtype = "auto";
-  std::string mxfp4_layers = "none", fp8_layers = "none";  // model/dense_quant.h
+  FormatFlags formats;  // --kv-cache-dtype, --mxfp4-layers, --fp8-layers
 };
 
 // The CUDA engine takes a prompt in chunks of at most this many tokens per step.
@@ -34,31 +33,29 @@ constexpr int kCudaPrefillChunk = 2048;
 
 // One sequence: its KV cache only needs the prompt and the generated tokens, twice over when the
 // sliding-window layers keep all of them in blocks of their own (contiguous_kv_tables).
-std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, Device dev, int total_tokens, int vocab_limit) {
+std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, const Formats& fmt, Device dev, int total_tokens,
+                                         int vocab_limit) {
   const int blocks = (total_tokens + 15) / 16;
-  const DenseQuant dense = parse_dense_quant(o.mxfp4_layers, o.fp8_layers);
-  if (dense.any() && dev == Device::kCuda)
-    fail("--mxfp4-layers / --fp8-layers are not supported yet on the CUDA engine (the CPU runner, --device cpu, "
-         "applies them)");
   if (dev == Device::kCuda)
     return make_cuda_model_runner({.model_dir = o.model_dir, .gpu_memory_utilization = o.gpu_memory_utilization,
                                    .max_model_len = blocks * kCudaBlockSize, .max_num_seqs = 1,
                                    .max_tokens_per_step = kCudaPrefillChunk, .num_kv_blocks = 2 * blocks,
                                    .vocab_limit = vocab_limit, .dummy_preset = {},
-                                   .kv_fp8 = o.kv_cache_dtype == "fp8"});
+                                   .kv_fp8 = fmt.kv_fp8});
   CpuRunnerOptions ro;
   ro.model_dir = o.model_dir;
   ro.num_threads = o.threads;
   ro.kv_block_size = 16;
   ro.kv_tokens = 2 * blocks * 16;
   ro.vocab_limit = vocab_limit;
-  ro.kv_fp8 = o.kv_cache_dtype == "fp8";
-  ro.dense = dense;
+  ro.kv_fp8 = fmt.kv_fp8;
+  ro.dense = fmt.dense;
   return std::make_unique<CpuRunner>(ro);
 }
 
 void run_generate(const GenerateOptions& o) {
   const Device dev = resolve_device(o.device);
+  const Formats fmt = resolve_formats(o.formats, dev);
   log::info("generate: device {}", device_name(dev));
   auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
   std::vector<int32_t> prompt, stops;
@@ -74,7 +71,7 @@ void run_generate(const GenerateOptions& o) {
   }
   if (prompt.empty()) fail("the prompt is empty");
 
-  std::unique_ptr<ModelRunner> runner_ptr = make_runner(o, dev, int(prompt.size()) + o.max_tokens, tok->vocab_size());
+  std::unique_ptr<ModelRunner> runner_ptr = make_runner(o, fmt, dev, int(prompt.size()) + o.max_tokens, tok->vocab_size());
   ModelRunner& runner = *runner_ptr;
   const ModelConfig& cfg = runner.config();
   if (!o.chat) stops = cfg.eos_token_ids;
@@ -146,13 +143,7 @@ void add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8 (E4M3 K and V: half the bytes)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
-  cmd->add_option("--mxfp4-layers", o->mxfp4_layers, "none|all|list of qkv,o,lm_head: MXFP4 dense weights (CPU for now)")
-      ->capture_default_str();
-  cmd->add_option("--fp8-layers", o->fp8_layers, "none|all|list of qkv,o,lm_head: FP8 dense weights (CPU for now)")
-      ->capture_default_str();
+  add_format_flags(cmd, &o->formats);
   cmd->callback([o] { run_generate(*o); });
 }
 

@@ -30,8 +30,7 @@ struct ServeOptions {
   int max_waiting = 256;
   int max_prefill_tokens_with_decodes = 2048;  // runtime::EngineOptions
   double gpu_memory_utilization = 0.9;
-  std::string kv_cache_dtype = "auto";
-  std::string mxfp4_layers = "none", fp8_layers = "none";  // model/dense_quant.h
+  FormatFlags formats;  // --kv-cache-dtype, --mxfp4-layers, --fp8-layers
   std::string device = "auto";
   int threads = 0;
   int kv_tokens = 16384;
@@ -67,14 +66,14 @@ struct LoadedRunner {
   const char* capacity_flag = "";  // what to change when --max-model-len does not fit
 };
 
-LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
+LoadedRunner load_runner(const ServeOptions& o, const Formats& fmt, Device dev, int vocab_limit) {
   if (dev == Device::kCpu) {
     CpuRunnerOptions ro;
     ro.model_dir = o.model_dir;
     ro.num_threads = o.threads;
     ro.kv_tokens = o.kv_tokens;
-    ro.kv_fp8 = o.kv_cache_dtype == "fp8";
-    ro.dense = parse_dense_quant(o.mxfp4_layers, o.fp8_layers);
+    ro.kv_fp8 = fmt.kv_fp8;
+    ro.dense = fmt.dense;
     ro.vocab_limit = vocab_limit;
     auto runner = std::make_unique<CpuRunner>(ro);
     const int cap = max_sequence_tokens(runner->kv_shape(), o.max_num_batched_tokens);
@@ -88,7 +87,7 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
                                         .max_model_len = max_model_len, .max_num_seqs = o.max_num_seqs,
                                         .max_tokens_per_step = o.max_num_batched_tokens,
                                         .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights,
-                                        .decode_ahead = o.decode_ahead, .kv_fp8 = o.kv_cache_dtype == "fp8"});
+                                        .decode_ahead = o.decode_ahead, .kv_fp8 = fmt.kv_fp8});
   const KvCacheShape kv = runner->kv_shape();
   return {std::move(runner), std::min(max_model_len, max_sequence_tokens(kv, o.max_num_batched_tokens)),
           "--gpu-memory-utilization"};
@@ -96,9 +95,7 @@ LoadedRunner load_runner(const ServeOptions& o, Device dev, int vocab_limit) {
 
 void run_serve(ServeOptions o) {
   const Device dev = resolve_device(o.device);
-  if (parse_dense_quant(o.mxfp4_layers, o.fp8_layers).any() && dev == Device::kCuda)
-    fail("--mxfp4-layers / --fp8-layers are not supported yet on the CUDA engine (the CPU runner, --device cpu, "
-         "applies them)");
+  const Formats fmt = resolve_formats(o.formats, dev);
   if (!o.dummy_weights.empty()) {
     if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
     if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");
@@ -131,7 +128,7 @@ void run_serve(ServeOptions o) {
   try {
     log::info("loading tokenizer and weights from {} (device {})", o.model_dir, device_name(dev));
     tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
-    LoadedRunner loaded = load_runner(o, dev, tok->vocab_size());
+    LoadedRunner loaded = load_runner(o, fmt, dev, tok->vocab_size());
     runner = std::move(loaded.runner);
     runtime::EngineOptions eo{.max_num_seqs = o.max_num_seqs, .max_num_batched_tokens = o.max_num_batched_tokens,
                               .max_waiting = o.max_waiting,
@@ -153,7 +150,7 @@ void run_serve(ServeOptions o) {
               "caching {}",
               device_name(dev), cfg.num_layers, engine->max_model_len(), runner->kv_shape().num_blocks,
               runner->kv_shape().block_size, int64_t(runner->kv_shape().num_blocks) * runner->kv_shape().block_size,
-              o.kv_cache_dtype == "fp8" ? "fp8 e4m3" : dev == Device::kCuda ? "bf16" : "fp32",
+              fmt.kv_fp8 ? "fp8 e4m3" : dev == Device::kCuda ? "bf16" : "fp32",
               o.enable_prefix_caching ? "on" : "off");
   } catch (...) {
     srv.stop();
@@ -189,11 +186,7 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto|bf16|fp8")->capture_default_str()->check(CLI::IsMember({"auto", "bf16", "fp8"}));
-  cmd->add_option("--mxfp4-layers", o->mxfp4_layers, "none|all|list of qkv,o,lm_head: MXFP4 dense weights (CPU for now)")
-      ->capture_default_str();
-  cmd->add_option("--fp8-layers", o->fp8_layers, "none|all|list of qkv,o,lm_head: FP8 dense weights (CPU for now)")
-      ->capture_default_str();
+  add_format_flags(cmd, &o->formats);
   cmd->add_option("--kv-tokens", o->kv_tokens, "CPU: KV capacity in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 24));
   cmd->add_option("--dummy-weights", o->dummy_weights, "serve random weights at a preset's shapes (20b|120b; CUDA, benchmarks)")
       ->check(CLI::IsMember({"20b", "120b"}));

@@ -1,5 +1,7 @@
 #include "cli/device.h"
 
+#include <CLI/CLI.hpp>
+
 #include "core/error.h"
 
 #ifdef MXSERVE_HAVE_CUDA
@@ -38,6 +40,26 @@ Device resolve_device(const std::string& flag) {
 }
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+void add_format_flags(CLI::App* cmd, FormatFlags* f) {
+  cmd->add_option("--kv-cache-dtype", f->kv_cache_dtype, "auto|bf16|fp8 (fp8: E4M3 K and V, half the bytes)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_option("--mxfp4-layers", f->mxfp4_layers,
+                  "none|all|list of qkv,o,lm_head: MXFP4 dense weights, rounded at load (CPU runner for now)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-layers", f->fp8_layers,
+                  "none|all|list of qkv,o,lm_head: FP8 dense weights, rounded at load (CPU runner for now)")
+      ->capture_default_str();
+}
+
+Formats resolve_formats(const FormatFlags& f, Device dev) {
+  Formats r{.kv_fp8 = f.kv_cache_dtype == "fp8", .dense = parse_dense_quant(f.mxfp4_layers, f.fp8_layers)};
+  if (r.dense.any() && dev == Device::kCuda)
+    fail("--mxfp4-layers / --fp8-layers are not supported yet on the CUDA engine (the CPU runner applies them: "
+         "--device cpu on serve and generate)");
+  return r;
+}
 
 std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
 #ifdef MXSERVE_HAVE_CUDA

@@ -3,7 +3,12 @@
 #include <memory>
 #include <string>
 
+#include "model/dense_quant.h"
 #include "model/model_runner.h"
+
+namespace CLI {
+class App;
+}
 
 namespace mx::cli {
 
@@ -28,6 +33,20 @@ struct CudaRunnerFlags {
   bool kv_fp8 = false;          // --kv-cache-dtype fp8
 };
 constexpr int kCudaBlockSize = 16;
+
+// The storage formats serve, generate and bench take alike, as given on the command line.
+struct FormatFlags {
+  std::string kv_cache_dtype = "auto";                     // auto | bf16 | fp8
+  std::string mxfp4_layers = "none", fp8_layers = "none";  // none | all | list of qkv, o, lm_head
+};
+void add_format_flags(CLI::App* cmd, FormatFlags* f);
+
+// The flags parsed once (one-line errors): quantized dense layers run on the CPU runner only so far.
+struct Formats {
+  bool kv_fp8 = false;
+  DenseQuant dense;
+};
+Formats resolve_formats(const FormatFlags& f, Device dev);
 
 // The CUDA engine's runner; its kv_shape() is what the runtime's block pool must use.
 std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f);

@@ -316,7 +316,6 @@ bool Engine::step() {
     stats_.running = int(running_.size());
     stats_.waiting = int(waiting_.size());
     stats_.kv_usage = 1.0 - double(pool_.num_free()) / pool_.num_blocks();
-    stats_.kv_capacity_tokens = int64_t(pool_.num_blocks()) * pool_.block_size();
     stats_.cached_blocks = pool_.num_cached();
   };
   if (sched.empty()) {

@@ -30,9 +30,11 @@ void Probe::begin_step(cudaStream_t s) {
   MX_CUDA(cudaEventRecord(events_[0], s));
 }
 
-void Probe::mark(const char* name, double bytes, cudaStream_t s) {
+void Probe::mark(const char* name, double bytes, cudaStream_t s) { push_mark({name, bytes, -1}, s); }
+
+void Probe::push_mark(const Mark& m, cudaStream_t s) {
   if (!profiling || marks_.size() + 1 >= events_.size()) return;
-  marks_.push_back({name, bytes, -1});
+  marks_.push_back(m);
   MX_CUDA(cudaEventRecord(events_[marks_.size()], s));
 }
 
@@ -46,9 +48,7 @@ void Probe::record_routing(const int32_t* counts, int num_experts, int layer, cu
 }
 
 void Probe::mark_experts(const char* name, double bytes_per_expert, int layer, cudaStream_t s) {
-  if (!profiling || marks_.size() + 1 >= events_.size()) return;
-  marks_.push_back({name, bytes_per_expert, layer});
-  MX_CUDA(cudaEventRecord(events_[marks_.size()], s));
+  push_mark({name, bytes_per_expert, layer}, s);
 }
 
 std::vector<KernelProfile> Probe::collect() {

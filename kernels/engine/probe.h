@@ -66,6 +66,7 @@ class Probe {
 
  private:
   struct Mark { const char* name; double bytes; int layer; };  // layer >= 0: bytes are per routed expert
+  void push_mark(const Mark& m, cudaStream_t s);
   std::vector<cudaEvent_t> events_;
   std::vector<Mark> marks_;
   int32_t* routed_ = nullptr;  // [kMaxRoutedLayers][kMaxRoutedExperts] counts
