@@ -212,7 +212,9 @@ void run_bench(const BenchOptions& o) {
   eo.preset = o.preset;
   eo.model_dir = o.model;
   eo.gpu_memory_utilization = o.gpu_mem;
-  eo.kv_fp8 = resolve_formats(o.formats, Device::kCuda).kv_fp8;
+  const Formats fmt = resolve_formats(o.formats);
+  eo.kv_fp8 = fmt.kv_fp8;
+  eo.dense = fmt.dense;
   eo.block_size = 16;
   eo.max_model_len = o.depth + std::max(max_pp, max_tg) + 16;
   eo.max_num_seqs = max_b;
@@ -225,10 +227,10 @@ void run_bench(const BenchOptions& o) {
   auto r = make_cuda_runner(eo);
   CudaBenchHooks hooks(*r);
   const auto ls = r->load_stats();
-  std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB (%s, %lld tokens)\n",
+  std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB (%s, %lld tokens), dense %s\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ls.weight_bytes / 1e9,
                ls.upload_gbps, ls.kv_bytes / 1e9, eo.kv_fp8 ? "fp8 e4m3" : "bf16",
-               (long long)r->kv_shape().num_blocks * r->kv_shape().block_size);
+               (long long)r->kv_shape().num_blocks * r->kv_shape().block_size, eo.dense.describe().c_str());
   const double copy_gbps = measure_d2d_bandwidth_gbps(size_t(1) << 30);
   const int bs = eo.block_size, V = r->config().vocab_size;
   const int window = r->kv_shape().sliding_window;
@@ -360,7 +362,7 @@ void run_bench(const BenchOptions& o) {
       // The experts this batch reads: counted from a profiled step at the test's last position where
       // the step takes the prefill path (which routes on the device's grouped lists), else expected
       // under uniform routing.
-      const DeviceShape shape = DeviceShape::of(r->config());
+      const DeviceShape shape = DeviceShape::of(r->config(), eo.dense);
       row.experts = expected_distinct_experts(shape, B);
       if (B > 8) {
         set_steps(n);  // tk holds each row's next token; rows own blocks up to depth + max_tg

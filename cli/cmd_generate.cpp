@@ -41,7 +41,7 @@ std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, const Formats
                                    .max_model_len = blocks * kCudaBlockSize, .max_num_seqs = 1,
                                    .max_tokens_per_step = kCudaPrefillChunk, .num_kv_blocks = 2 * blocks,
                                    .vocab_limit = vocab_limit, .dummy_preset = {},
-                                   .kv_fp8 = fmt.kv_fp8});
+                                   .kv_fp8 = fmt.kv_fp8, .dense = fmt.dense});
   CpuRunnerOptions ro;
   ro.model_dir = o.model_dir;
   ro.num_threads = o.threads;
@@ -55,7 +55,7 @@ std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, const Formats
 
 void run_generate(const GenerateOptions& o) {
   const Device dev = resolve_device(o.device);
-  const Formats fmt = resolve_formats(o.formats, dev);
+  const Formats fmt = resolve_formats(o.formats);
   log::info("generate: device {}", device_name(dev));
   auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
   std::vector<int32_t> prompt, stops;

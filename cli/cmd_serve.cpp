@@ -87,7 +87,8 @@ LoadedRunner load_runner(const ServeOptions& o, const Formats& fmt, Device dev, 
                                         .max_model_len = max_model_len, .max_num_seqs = o.max_num_seqs,
                                         .max_tokens_per_step = o.max_num_batched_tokens,
                                         .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights,
-                                        .decode_ahead = o.decode_ahead, .kv_fp8 = fmt.kv_fp8});
+                                        .decode_ahead = o.decode_ahead, .kv_fp8 = fmt.kv_fp8,
+                                        .dense = fmt.dense});
   const KvCacheShape kv = runner->kv_shape();
   return {std::move(runner), std::min(max_model_len, max_sequence_tokens(kv, o.max_num_batched_tokens)),
           "--gpu-memory-utilization"};
@@ -95,7 +96,7 @@ LoadedRunner load_runner(const ServeOptions& o, const Formats& fmt, Device dev, 
 
 void run_serve(ServeOptions o) {
   const Device dev = resolve_device(o.device);
-  const Formats fmt = resolve_formats(o.formats, dev);
+  const Formats fmt = resolve_formats(o.formats);
   if (!o.dummy_weights.empty()) {
     if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
     if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");

@@ -46,19 +46,15 @@ void add_format_flags(CLI::App* cmd, FormatFlags* f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--mxfp4-layers", f->mxfp4_layers,
-                  "none|all|list of qkv,o,lm_head: MXFP4 dense weights, rounded at load (CPU runner for now)")
+                  "none|all|list of qkv,o,lm_head: MXFP4 dense weights, quantized at load")
       ->capture_default_str();
   cmd->add_option("--fp8-layers", f->fp8_layers,
-                  "none|all|list of qkv,o,lm_head: FP8 dense weights, rounded at load (CPU runner for now)")
+                  "none|all|list of qkv,o,lm_head: FP8 dense weights (per-row scales), quantized at load")
       ->capture_default_str();
 }
 
-Formats resolve_formats(const FormatFlags& f, Device dev) {
-  Formats r{.kv_fp8 = f.kv_cache_dtype == "fp8", .dense = parse_dense_quant(f.mxfp4_layers, f.fp8_layers)};
-  if (r.dense.any() && dev == Device::kCuda)
-    fail("--mxfp4-layers / --fp8-layers are not supported yet on the CUDA engine (the CPU runner applies them: "
-         "--device cpu on serve and generate)");
-  return r;
+Formats resolve_formats(const FormatFlags& f) {
+  return Formats{.kv_fp8 = f.kv_cache_dtype == "fp8", .dense = parse_dense_quant(f.mxfp4_layers, f.fp8_layers)};
 }
 
 std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
@@ -76,6 +72,7 @@ std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
   eo.preset = f.dummy_preset;
   eo.decode_ahead = f.decode_ahead;
   eo.kv_fp8 = f.kv_fp8;
+  eo.dense = f.dense;
   return make_cuda_runner(eo);
 #else
   (void)f;

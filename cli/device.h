@@ -31,6 +31,7 @@ struct CudaRunnerFlags {
   std::string dummy_preset;     // 20b | 120b: random weights made on the GPU, no checkpoint read
   bool decode_ahead = true;     // CudaEngineOptions::decode_ahead
   bool kv_fp8 = false;          // --kv-cache-dtype fp8
+  DenseQuant dense;             // --mxfp4-layers / --fp8-layers
 };
 constexpr int kCudaBlockSize = 16;
 
@@ -41,12 +42,12 @@ struct FormatFlags {
 };
 void add_format_flags(CLI::App* cmd, FormatFlags* f);
 
-// The flags parsed once (one-line errors): quantized dense layers run on the CPU runner only so far.
+// The flags parsed once (one-line errors).
 struct Formats {
   bool kv_fp8 = false;
   DenseQuant dense;
 };
-Formats resolve_formats(const FormatFlags& f, Device dev);
+Formats resolve_formats(const FormatFlags& f);
 
 // The CUDA engine's runner; its kv_shape() is what the runtime's block pool must use.
 std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f);

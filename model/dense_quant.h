@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "core/dense_format.h"
 #include "model/config.h"
 #include "model/weights.h"
 
 namespace mx {
 
-enum class DenseFormat : uint8_t { kBf16, kMxfp4, kFp8 };
 const char* dense_format_name(DenseFormat f);
 
 struct DenseQuant {

@@ -1,6 +1,8 @@
-// Dense (BF16-weight) decode kernels: qkv + RoPE + KV write, o-proj + residual, router, lm_head, as
-// one grid each (bodies in gemv_body.cuh).
+// Dense decode kernels: qkv + RoPE + KV write, o-proj + residual, router, lm_head, as one grid each
+// (bodies in gemv_body.cuh), instantiated for each weight format of qkv, o-proj and lm_head.
 #include "kernels/decode/decode_gemv.h"
+
+#include <type_traits>
 
 #include "kernels/common/cta_trace.cuh"
 #include "kernels/common/cuda_check.h"
@@ -12,12 +14,21 @@ namespace mx::cuda {
 namespace {
 using namespace mma;
 using body::GemvParams;
+using DF = DenseFormat;
 
-template <bool kFp8>
+// Calls f(std::integral_constant<DenseFormat, fmt>) : one instantiation per weight format.
+template <class F>
+void with_format(DenseFormat fmt, F f) {
+  if (fmt == DF::kMxfp4) f(std::integral_constant<DF, DF::kMxfp4>{});
+  else if (fmt == DF::kFp8) f(std::integral_constant<DF, DF::kFp8>{});
+  else f(std::integral_constant<DF, DF::kBf16>{});
+}
+
+template <bool kFp8, DF WF>
 __global__ void __launch_bounds__(128) qkv_rope_kv_k(QkvRopeKvParams p) {
   __shared__ float red[body::kWarps * 32 * 4];
   trace_begin(p.trace);
-  body::qkv_rope_kv<body::kQkvSplit, true, true, kFp8>(p, blockIdx.x, red, TracedPdlWait{p.trace.buf});
+  body::qkv_rope_kv<body::kQkvSplit, true, true, kFp8, WF>(p, blockIdx.x, red, TracedPdlWait{p.trace.buf});
   trace_end(p.trace, 0);
 }
 
@@ -28,11 +39,11 @@ __global__ void __launch_bounds__(128) router_k(RouterParams p) {
   trace_end(p.trace, 3);
 }
 
-template <int KSPLIT, int U = 4>
+template <int KSPLIT, int U, DF WF>
 __global__ void __launch_bounds__(128) gemv_k(GemvParams p, CtaTrace tr) {
   __shared__ float red[body::kWarps * 32 * 4];
   trace_begin(tr);
-  body::gemv<KSPLIT, U>(p, blockIdx.x, red, TracedPdlWait{tr.buf});
+  body::gemv<KSPLIT, U, WF>(p, blockIdx.x, red, TracedPdlWait{tr.buf});
   trace_end(tr, 2);
 }
 
@@ -40,6 +51,7 @@ __global__ void __launch_bounds__(128) gemv_k(GemvParams p, CtaTrace tr) {
 // the tile's rows (OProjRouterParams). Thread e loads expert e's router weights and gamma for the 16 rows
 // before the wait and multiplies them in the epilogue: on sliding layers these CTAs only enter once the
 // attention has finished, and a product formed before the wait held the wait for their round trip.
+template <DF WF>
 __global__ void __launch_bounds__(128, 3) oproj_router_m1_k(OProjRouterParams p) {
   static_assert(body::kWarps / body::kOprojSplit == 1, "one tile per CTA");
   extern __shared__ __align__(16) uint16_t xs[];
@@ -47,7 +59,10 @@ __global__ void __launch_bounds__(128, 3) oproj_router_m1_k(OProjRouterParams p)
   __shared__ float hs[16];
   const OProjParams& o = p.o;
   trace_begin(o.trace);
-  body::PlainTile<body::kOprojSplit, body::kOprojU> pt(o.w, o.N, o.K, blockIdx.x);
+  // Quantized rows: a shallower batch keeps the conversion within the 168 registers of 3 CTAs per SM
+  // (8 segments with 2 CTAs per SM measured slower).
+  constexpr int U = WF == DF::kBf16 ? body::kOprojU : body::kOprojQuantU;
+  body::PlainTile<body::kOprojSplit, U, WF> pt(o.w, o.N, o.K, blockIdx.x);
   const int e = threadIdx.x, r0 = blockIdx.x * 16;
   const bool aligned = e < p.E && r0 + 16 <= o.N && o.N % 8 == 0;  // 16-byte aligned rows
   uint4 rw[2] = {}, rg[2] = {};
@@ -65,7 +80,7 @@ __global__ void __launch_bounds__(128, 3) oproj_router_m1_k(OProjRouterParams p)
     for (int i = 0; i < 2; ++i)
       if (r0 + g + 8 * i < o.N) xr[i] = o.x[r0 + g + 8 * i];
   TracedPdlWait{o.trace.buf}();
-  stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, false, xs);
+  stage_bf16_rows(body::Bf16Rows{o.attn, o.K}, 1, o.K, pt.pipe.kPermute, xs);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   if (pt.run(xs, 1, o.K, red, c) && (threadIdx.x & 3) == 0) {  // lanes (g, 0): token 0, rows g and g + 8
@@ -148,38 +163,51 @@ void check_m(int M) {
   if (M < 1 || M > kDecodeMaxTokens)
     throw_error("decode kernels take 1.." + std::to_string(kDecodeMaxTokens) + " tokens, got " + std::to_string(M));
 }
+void check_k(const char* what, int K) {
+  if (K % 32) throw_error(std::string(what) + ": K=" + std::to_string(K) + " must be a multiple of 32");
+}
 
 }  // namespace
 
-void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
+void dense_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s) {
   require_kv(p.kv, "qkv decode");
   check_m(p.M);
   if (p.D % 16 || p.H % 32) throw_error("qkv decode: head_dim must be a multiple of 16 and hidden of 32");
-  static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] {
-    allow_dynamic_smem(qkv_rope_kv_k<false>);
-    allow_dynamic_smem(qkv_rope_kv_k<true>);
+  with_format(p.w.fmt, [&](auto wf) {
+    constexpr DF WF = decltype(wf)::value;
+    const dim3 grid(body::qkv_ctas(p.Hq, p.Hkv, p.D));
+    static std::atomic<unsigned long long> ready{0};
+    once_per_device(ready, [] {
+      allow_dynamic_smem(qkv_rope_kv_k<false, WF>);
+      allow_dynamic_smem(qkv_rope_kv_k<true, WF>);
+    });
+    if (p.kv.fp8()) launch_pdl(qkv_rope_kv_k<true, WF>, grid, dim3(128), smem_bytes(p.M, p.H), s, p);
+    else launch_pdl(qkv_rope_kv_k<false, WF>, grid, dim3(128), smem_bytes(p.M, p.H), s, p);
   });
-  const dim3 grid(body::qkv_ctas(p.Hq, p.Hkv, p.D));
-  if (p.kv.fp8()) launch_pdl(qkv_rope_kv_k<true>, grid, dim3(128), smem_bytes(p.M, p.H), s, p);
-  else launch_pdl(qkv_rope_kv_k<false>, grid, dim3(128), smem_bytes(p.M, p.H), s, p);
 }
 
-void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s) {
+void dense_o_proj_residual(const OProjParams& p, cudaStream_t s) {
   check_m(p.M);
-  static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] { allow_dynamic_smem(gemv_k<body::kOprojSplit, body::kOprojU>); });
-  launch_pdl(gemv_k<body::kOprojSplit, body::kOprojU>, dim3(body::oproj_ctas(p.N)), dim3(128), smem_bytes(p.M, p.K), s,
-             GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true}, p.trace);
+  check_k("o-proj decode", p.K);
+  with_format(p.w.fmt, [&](auto wf) {
+    constexpr auto k = gemv_k<body::kOprojSplit, body::kOprojU, decltype(wf)::value>;
+    static std::atomic<unsigned long long> ready{0};
+    once_per_device(ready, [] { allow_dynamic_smem(k); });
+    launch_pdl(k, dim3(body::oproj_ctas(p.N)), dim3(128), smem_bytes(p.M, p.K), s,
+               GemvParams{p.attn, p.w, p.bias, p.x, p.M, p.N, p.K, true}, p.trace);
+  });
 }
 
-void bf16_o_proj_router_m1(const OProjRouterParams& p, cudaStream_t s) {
-  if (p.o.M != 1) throw_error("bf16_o_proj_router_m1: one token only, got " + std::to_string(p.o.M));
-  if (p.E < 1 || p.E > 128) throw_error("bf16_o_proj_router_m1: 1..128 experts, got " + std::to_string(p.E));
-  if (p.o.K % 32) throw_error("bf16_o_proj_router_m1: K must be a multiple of 32");
-  static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] { allow_dynamic_smem(oproj_router_m1_k); });
-  launch_pdl(oproj_router_m1_k, dim3(oproj_router_tiles(p.o.N)), dim3(128), smem_bytes(1, p.o.K), s, p);
+void dense_o_proj_router_m1(const OProjRouterParams& p, cudaStream_t s) {
+  if (p.o.M != 1) throw_error("dense_o_proj_router_m1: one token only, got " + std::to_string(p.o.M));
+  if (p.E < 1 || p.E > 128) throw_error("dense_o_proj_router_m1: 1..128 experts, got " + std::to_string(p.E));
+  check_k("dense_o_proj_router_m1", p.o.K);
+  with_format(p.o.w.fmt, [&](auto wf) {
+    constexpr auto k = oproj_router_m1_k<decltype(wf)::value>;
+    static std::atomic<unsigned long long> ready{0};
+    once_per_device(ready, [] { allow_dynamic_smem(k); });
+    launch_pdl(k, dim3(oproj_router_tiles(p.o.N)), dim3(128), smem_bytes(1, p.o.K), s, p);
+  });
 }
 
 void bf16_router(const RouterParams& p, cudaStream_t s) {
@@ -194,12 +222,16 @@ void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const ui
   if (S > 0) final_norm_k<<<S, 256, 0, s>>>(res, rows, norm_w, eps, xn, H);
 }
 
-void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, int V, int H, cudaStream_t s) {
+void dense_lm_head(const uint16_t* xn, const DenseWeight& w, float* logits, int M, int V, int H, cudaStream_t s) {
   check_m(M);
-  static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] { allow_dynamic_smem(gemv_k<body::kLmHeadSplit>); });
-  launch_pdl(gemv_k<body::kLmHeadSplit>, dim3(body::tiles_ctas((V + 15) / 16, body::kLmHeadSplit)), dim3(128),
-             smem_bytes(M, H), s, GemvParams{xn, w, nullptr, logits, M, V, H, false}, CtaTrace{});
+  check_k("lm_head decode", H);
+  with_format(w.fmt, [&](auto wf) {
+    constexpr auto k = gemv_k<body::kLmHeadSplit, 4, decltype(wf)::value>;
+    static std::atomic<unsigned long long> ready{0};
+    once_per_device(ready, [] { allow_dynamic_smem(k); });
+    launch_pdl(k, dim3(body::tiles_ctas((V + 15) / 16, body::kLmHeadSplit)), dim3(128), smem_bytes(M, H), s,
+               GemvParams{xn, w, nullptr, logits, M, V, H, false}, CtaTrace{});
+  });
 }
 
 void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bias, float* y, int M, int N, int K,
@@ -207,8 +239,9 @@ void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   check_m(M);
   if (K % 32) throw_error("bf16_gemv_small_m: K=" + std::to_string(K) + " must be a multiple of 32");
   static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] { allow_dynamic_smem(gemv_k<4>); });
-  launch_pdl(gemv_k<4>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s, GemvParams{x, w, bias, y, M, N, K, false}, CtaTrace{});
+  once_per_device(ready, [] { allow_dynamic_smem(gemv_k<4, 4, DF::kBf16>); });
+  launch_pdl(gemv_k<4, 4, DF::kBf16>, dim3((N + 15) / 16), dim3(128), smem_bytes(M, K), s,
+             GemvParams{x, bf16_weight(w), bias, y, M, N, K, false}, CtaTrace{});
 }
 
 void mxfp4_count_bad_scales(const uint8_t* scales, size_t n, unsigned long long* bad, cudaStream_t s) {

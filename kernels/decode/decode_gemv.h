@@ -1,19 +1,21 @@
-// Decode-step kernels for M = 1..8 tokens (one mma n=8 column per token), BF16 and MXFP4 weights in
-// their checkpoint layout, fp32 residual stream. A layer is six launches:
-//   bf16_qkv_rope_kv  (rmsnorm prologue, bias, YaRN RoPE, K/V written to the paged cache)
+// Decode-step kernels for M = 1..8 tokens (one mma n=8 column per token), fp32 residual stream. The
+// experts are MXFP4 in their checkpoint layout; the dense kernels (dense_*) take qkv, o-proj and lm_head
+// as bf16, MXFP4 or FP8 (dense_weight.h, --mxfp4-layers / --fp8-layers). A layer is six launches:
+//   dense_qkv_rope_kv  (rmsnorm prologue, bias, YaRN RoPE, K/V written to the paged cache)
 //   attention_decode  (attention_decode.h)
-//   bf16_o_proj_residual
+//   dense_o_proj_residual
 //   bf16_router       (rmsnorm prologue, also writes the normalized row for the experts)
 //   mxfp4_moe_fc1_swiglu (top-4 + softmax prologue, bias, clamped SwiGLU)
 //   mxfp4_moe_fc2     (bias, routing weight; per-slot outputs summed by the next consumer's prologue)
 //   (one token on sm_89+: both on FP8 tensor cores, e4m3_split.cuh, and no router kernel: the o-proj
-//   leaves the router's sums, bf16_o_proj_router_m1, so a layer is five launches)
-// Then final_rmsnorm_bf16 + bf16_lm_head + argmax. All pointers are device pointers.
+//   leaves the router's sums, dense_o_proj_router_m1, so a layer is five launches)
+// Then final_rmsnorm_bf16 + dense_lm_head + argmax. All pointers are device pointers.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>
 
 #include "kernels/common/cta_trace.h"
+#include "kernels/common/dense_weight.h"
 #include "kernels/common/kv_cache.h"
 
 namespace mx::cuda {
@@ -36,7 +38,7 @@ struct QkvRopeKvParams {
   DecodeResidual res;
   const uint16_t* norm_w = nullptr;  // [H]
   float eps = 1e-5f;
-  const uint16_t* w = nullptr;       // [(Hq + 2 Hkv) D, H]  q rows, then k, then v
+  DenseWeight w;                     // [(Hq + 2 Hkv) D, H]  q rows, then k, then v
   const uint16_t* bias = nullptr;
   const int32_t* pos = nullptr;      // [M]
   const int32_t* slot = nullptr;     // [M] cache row (block * block_size + offset)
@@ -52,18 +54,18 @@ struct QkvRopeKvParams {
   const int32_t* bt_off = nullptr;   // [M]
   CtaTrace trace;                    // diagnostics (cta_trace.h)
 };
-void bf16_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s);
+void dense_qkv_rope_kv(const QkvRopeKvParams& p, cudaStream_t s);
 
 // x[m, :] += W . attn[m, :] + bias
 struct OProjParams {
   const uint16_t* attn = nullptr;  // bf16 [M, K]
-  const uint16_t* w = nullptr;     // [N, K]
+  DenseWeight w;                   // [N, K]
   const uint16_t* bias = nullptr;
   float* x = nullptr;              // fp32 [M, N]
   int M = 1, N = 0, K = 0;
   CtaTrace trace;
 };
-void bf16_o_proj_residual(const OProjParams& p, cudaStream_t s);
+void dense_o_proj_residual(const OProjParams& p, cudaStream_t s);
 
 // One token: the o-proj above, and the router folded into it (RMSNorm is linear up to 1 / rms), so the
 // expert kernels route without a router kernel. With h the new residual and r over the CTA's 16 rows:
@@ -79,7 +81,7 @@ struct OProjRouterParams {
   int E = 0;                           // <= 128
 };
 inline int oproj_router_tiles(int N) { return (N + 15) / 16; }
-void bf16_o_proj_router_m1(const OProjRouterParams& p, cudaStream_t s);
+void dense_o_proj_router_m1(const OProjRouterParams& p, cudaStream_t s);
 
 // logits = W . rmsnorm(res[m]) + bias as kRouterSplits partial sums [kRouterSplits, M, E] (the bias in
 // slice 0); xn = the normalized rows (bf16 [M, H]).
@@ -107,7 +109,7 @@ struct MoeDecodeParams {
   float* y_slot = nullptr;         // fp32 [M, 4, H] = w * (W2 . act + b2) per (token, slot)
   int M = 1, E = 0, H = 0, I = 0;
   float alpha = 1.702f, limit = 7.0f;
-  // One token on the FP8 path with the router folded into the o-proj (bf16_o_proj_router_m1): routing
+  // One token on the FP8 path with the router folded into the o-proj (dense_o_proj_router_m1): routing
   // from route_acc / ss_part instead of router_logits, and the input normalized from h instead of xn.
   const long long* route_acc = nullptr;   // [E]
   const float* ss_part = nullptr;         // [ss_parts]
@@ -129,7 +131,7 @@ void final_rmsnorm_bf16(const DecodeResidual& res, const int32_t* rows, const ui
                         uint16_t* xn, int S, int H, cudaStream_t s);
 
 // logits[m, v] = W[v, :] . xn[m, :] (fp32), M <= 8.
-void bf16_lm_head(const uint16_t* xn, const uint16_t* w, float* logits, int M, int V, int H, cudaStream_t s);
+void dense_lm_head(const uint16_t* xn, const DenseWeight& w, float* logits, int M, int V, int H, cudaStream_t s);
 
 // Generic M <= 8 bf16 GEMV for tests and odd uses: y[m, n] = W . x[m] + bias (x bf16 [M, K]).
 void bf16_gemv_small_m(const uint16_t* x, const uint16_t* w, const uint16_t* bias, float* y, int M, int N, int K,

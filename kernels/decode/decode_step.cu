@@ -107,17 +107,17 @@ __device__ __forceinline__ float* layer_out(const DecodeStepParams& p, int l) { 
 
 // One function per item kind, not inlined: each gets its own register allocation (as the per-op
 // grids do) instead of the union of all bodies' live ranges.
-template <int D, bool kFp8>
+template <int D, bool kFp8, DenseFormat WF>
 __device__ __noinline__ void qkv_item(const DecodeStepParams& p, int l, int i, unsigned n_fc2) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
   QkvRopeKvParams q;
   q.res = {layer_in(p, l), l ? p.y_slot : nullptr, layer_out(p, l)};
-  q.norm_w = L.attn_norm; q.eps = p.eps; q.w = L.qkv_w; q.bias = L.qkv_b;
+  q.norm_w = L.attn_norm; q.eps = p.eps; q.w = DenseWeight{WF, L.qkv_w, WF == DenseFormat::kBf16 ? nullptr : L.qkv_sc}; q.bias = L.qkv_b;
   q.pos = p.pos; q.slot = L.window ? p.slot_sw : p.slot; q.inv_freq = p.inv_freq; q.concentration = p.concentration;
   q.q_out = p.q; q.kv = L.kv;
   q.M = p.M; q.H = p.H; q.Hq = p.Hq; q.Hkv = p.Hkv; q.D = D;
-  qkv_rope_kv<kQkvSplit, false, false, kFp8>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
+  qkv_rope_kv<kQkvSplit, false, false, kFp8, WF>(q, i, s_red, FlagWait{l ? cnt - kLayerWords + kFc2Done : nullptr, n_fc2});
   signal(cnt + qkv_cta_kv_head(i, p.Hq, p.Hkv, D));
 }
 
@@ -137,12 +137,13 @@ __device__ __noinline__ void attn_item(const DecodeStepParams& p, int l, int i, 
   signal(cnt + kAttnDone, done);
 }
 
-template <int D>
+template <int D, DenseFormat WF>
 __device__ __noinline__ void oproj_item(const DecodeStepParams& p, int l, int i) {
   const DecodeStepLayer& L = p.layers[l];
   unsigned* cnt = layer_counters(p, l);
-  const GemvParams o{p.attn, L.o_w, L.o_b, layer_out(p, l), p.M, p.H, p.Hq * D, true};
-  gemv<kOprojSplit, kOprojU>(o, i, s_red, FlagWait{cnt + kAttnDone, unsigned(p.M * p.Hkv)});
+  const DenseWeight w{WF, L.o_w, WF == DenseFormat::kBf16 ? nullptr : L.o_sc};
+  const GemvParams o{p.attn, w, L.o_b, layer_out(p, l), p.M, p.H, p.Hq * D, true};
+  gemv<kOprojSplit, WF == DenseFormat::kBf16 ? kOprojU : kOprojQuantU, WF>(o, i, s_red, FlagWait{cnt + kAttnDone, unsigned(p.M * p.Hkv)});
   signal(cnt + kOprojDone);
 }
 
@@ -189,20 +190,20 @@ __device__ __noinline__ void fc2_item(const DecodeStepParams& p, int l, int i, i
 }
 
 // kFp8: the KV cache is E4M3 (its own kernel: a runtime choice between the two attention items costs
-// the bf16 kernel spills).
-template <int D, bool kFp8>
+// the bf16 kernel spills). WF: the format of qkv and o-proj.
+template <int D, bool kFp8, DenseFormat WF>
 __global__ void __launch_bounds__(128, kStepCtasPerSm) decode_step_k(const __grid_constant__ DecodeStepParams p) {
   const int nb = gridDim.x;
   const Phases n(p.M, p.H, p.I, p.E, p.Hq, p.Hkv, D);
   int base = 0;
   for (int l = 0; l < p.num_layers; ++l) {
     for (int i = first_item(base); i < n.qkv; i += nb)
-      traced(p, l, 0, base + i, [&] { qkv_item<D, kFp8>(p, l, i, n.fc2); });
+      traced(p, l, 0, base + i, [&] { qkv_item<D, kFp8, WF>(p, l, i, n.fc2); });
     base += n.qkv;
     for (int i = first_item(base); i < n.attn; i += nb)
       traced(p, l, 1, base + i, [&] { attn_item<D, kFp8>(p, l, i, n.qkv / p.Hkv); });
     base += n.attn;
-    for (int i = first_item(base); i < n.oproj; i += nb) traced(p, l, 2, base + i, [&] { oproj_item<D>(p, l, i); });
+    for (int i = first_item(base); i < n.oproj; i += nb) traced(p, l, 2, base + i, [&] { oproj_item<D, WF>(p, l, i); });
     base += n.oproj;
     for (int i = first_item(base); i < n.router; i += nb)
       traced(p, l, 3, base + i, [&] { router_item(p, l, i, n.router_x, n.oproj); });
@@ -230,17 +231,17 @@ size_t smem_bytes(const DecodeStepParams& p) {
   return size_t(p.M) * mma::staged_ld(K) * 2;
 }
 
-template <int D, bool kFp8>
+template <int D, bool kFp8, DenseFormat WF>
 void launch(const DecodeStepParams& p, cudaStream_t s) {
   static std::atomic<unsigned long long> ready{0};
-  once_per_device(ready, [] { allow_dynamic_smem(decode_step_k<D, kFp8>); });
+  once_per_device(ready, [] { allow_dynamic_smem(decode_step_k<D, kFp8, WF>); });
   // Resident CTAs per SM for this shape (not cached: runners of different shapes may share a process;
   // in graph mode this runs once, at capture).
   const size_t smem = smem_bytes(p);
   int dev = 0, sms = 0, per_sm = 0;
   MX_CUDA(cudaGetDevice(&dev));
   MX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step_k<D, kFp8>, 128, smem));
+  MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step_k<D, kFp8, WF>, 128, smem));
   if (per_sm < 1) throw_error("decode_step: the kernel does not fit on an SM");
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(per_sm * sms);
@@ -252,7 +253,13 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  MX_CUDA(cudaLaunchKernelEx(&cfg, decode_step_k<D, kFp8>, p));
+  MX_CUDA(cudaLaunchKernelEx(&cfg, decode_step_k<D, kFp8, WF>, p));
+}
+
+template <DenseFormat WF>
+void launch_format(const DecodeStepParams& p, cudaStream_t s) {
+  if (p.kv_fp8) p.D == 64 ? launch<64, true, WF>(p, s) : launch<16, true, WF>(p, s);
+  else p.D == 64 ? launch<64, false, WF>(p, s) : launch<16, false, WF>(p, s);
 }
 
 }  // namespace
@@ -270,8 +277,9 @@ void decode_step(const DecodeStepParams& p, cudaStream_t s) {
   if (p.E < kTopK || p.E > 128 || p.H % 32 || p.I % 32) throw_error("decode_step: unsupported expert shapes");
   MX_CUDA(cudaMemsetAsync(p.counters, 0, decode_step_counter_words(p.num_layers) * 4, s));
   if (p.D != 64 && p.D != 16) throw_error("decode_step: head_dim " + std::to_string(p.D) + " is not instantiated (16, 64)");
-  if (p.kv_fp8) p.D == 64 ? launch<64, true>(p, s) : launch<16, true>(p, s);
-  else p.D == 64 ? launch<64, false>(p, s) : launch<16, false>(p, s);
+  if (p.dense == DenseFormat::kMxfp4) launch_format<DenseFormat::kMxfp4>(p, s);
+  else if (p.dense == DenseFormat::kFp8) launch_format<DenseFormat::kFp8>(p, s);
+  else launch_format<DenseFormat::kBf16>(p, s);
 }
 
 }  // namespace mx::cuda

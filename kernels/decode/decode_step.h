@@ -17,13 +17,16 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "kernels/common/dense_weight.h"
 #include "kernels/common/kv_cache.h"
 
 namespace mx::cuda {
 
-// Per-layer weights and caches, in device memory (uploaded once).
+// Per-layer weights and caches, in device memory (uploaded once). qkv and o-proj: values and scales in
+// DecodeStepParams::dense's format (dense_weight.h).
 struct DecodeStepLayer {
-  const uint16_t *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
+  const void *qkv_w, *qkv_sc, *o_w, *o_sc;
+  const uint16_t *attn_norm, *qkv_b, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
   const uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
   const uint16_t *up_bias, *down_bias;
   KvLayer kv;  // the layer's paged cache (bf16 or fp8)
@@ -53,6 +56,7 @@ struct DecodeStepParams {
   int M = 1, H = 0, I = 0, E = 0, Hq = 0, Hkv = 0, D = 64;
   bool kv_stable = false;   // one token per sequence: attention reads older keys before waiting
   bool kv_fp8 = false;      // every layer's cache is E4M3 (kv_cache.h)
+  DenseFormat dense = DenseFormat::kBf16;  // of qkv and o-proj (one format for both)
   // Diagnostics (bench --step-trace): per work item in sequence order, 4 words: globaltimer ns at
   // entry, when its wait was satisfied (0: no wait), at exit, and sm | phase << 8 | layer << 16.
   unsigned long long* trace = nullptr;

@@ -1,4 +1,4 @@
-// Bodies of the dense (BF16-weight) decode kernels as device functions, shared by their own grids
+// Bodies of the dense decode kernels (weights bf16, MXFP4 or FP8: dense_tile.cuh) as device functions, shared by their own grids
 // (decode_gemv.cu: one kernel per op, programmatic dependent launch) and by the persistent decode-step
 // kernel (decode_step.cu: work items behind ready counters). A body gets its CTA coordinates as
 // arguments and calls wait() at the point where everything before is independent of the kernels
@@ -10,6 +10,7 @@
 #include "kernels/common/kv_fp8.cuh"
 #include "kernels/common/l2_prefetch.cuh"
 #include "kernels/decode/decode_gemv.h"
+#include "kernels/decode/dense_tile.cuh"
 #include "kernels/decode/mma_tile.cuh"
 #include "kernels/decode/stage.cuh"
 
@@ -21,11 +22,16 @@ constexpr int kWarps = 4;
 // the registers of a deeper batch cost no occupancy and buy more bytes in flight (docs/perf.md).
 constexpr int kQkvU = 8, kOprojU = 8;
 constexpr int kQkvSplit = 4, kOprojSplit = 4, kRouterSplit = 4, kLmHeadSplit = 1;
+// Quantized rows (dense_tile.cuh): MXFP4 qkv at 8 segments a batch takes 209 registers, 2 CTAs per SM and
+// two waves (slower); 4 keep one wave. The quantized o-proj takes 4 (the one-token kernel's 168 registers).
+// Other depths and splits measured no better (docs/perf.md).
+template <DenseFormat WF> constexpr int kQkvUOf = WF == DenseFormat::kMxfp4 ? 4 : kQkvU;
+constexpr int kOprojQuantU = 4;
 
 // y (+)= W . x + bias: the plain GEMV behind lm_head (no bias), o-proj (accumulates into the
 // residual) and the generic small-M entry point.
 struct GemvParams {
-  const uint16_t* x; const uint16_t* w; const uint16_t* bias; float* y; int M, N, K; bool accumulate;
+  const uint16_t* x; DenseWeight w; const uint16_t* bias; float* y; int M, N, K; bool accumulate;
 };
 
 // CTAs of each grid (one tile of 16 rows per KSPLIT warps).
@@ -43,12 +49,6 @@ __device__ __forceinline__ uint16_t to_bf(float f) { return uint16_t(f32_to_bf16
 
 __device__ __forceinline__ ResidualIn residual_in(const DecodeResidual& r, bool first_cta) {
   return ResidualIn{r.x, r.y_slot, first_cta ? r.x_out : nullptr};
-}
-
-// Rows [s0, s1) of the K split of warp `kp` (in 32-value segments).
-__device__ __forceinline__ void split_range(int segs, int kp, int ksplit, int& s0, int& s1) {
-  s0 = segs * kp / ksplit;
-  s1 = segs * (kp + 1) / ksplit;
 }
 
 // One token: the full-attention layer's older K / V blocks (those holding keys [0, pos)) into L2, one
@@ -69,8 +69,8 @@ __device__ __forceinline__ void prefetch_kv_l2(const QkvRopeKvParams& p, int cta
 // rmsnorm prologue, q / k / v rows with bias, RoPE on q and k, K and V into the paged cache.
 // kEarlyInputs: the epilogue's bias, RoPE frequency and token 0's position and cache row are read before the
 // wait (l2_prefetch.cuh). The persistent step's item reads them in its epilogue: held across the item they
-// add to its spills (docs/perf.md). kFp8: the cache is E4M3 (kv_cache.h).
-template <int KSPLIT, bool kOneTokenNorm, bool kEarlyInputs, bool kFp8, class Wait>
+// add to its spills (docs/perf.md). kFp8: the cache is E4M3 (kv_cache.h). WF: the weights' format.
+template <int KSPLIT, bool kOneTokenNorm, bool kEarlyInputs, bool kFp8, DenseFormat WF, class Wait>
 __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -80,10 +80,8 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   // Fragment rows g / g+8 are head dims d and d + D/2: the RoPE pair meets in one thread.
   const int h = tl / dq, d = 8 * (tl % dq) + g, half = p.D / 2;
   const int rA = h * p.D + d, rB = rA + half;
-  int s0, s1;
-  split_range(p.H / 32, kp, KSPLIT, s0, s1);
-  Bf16PipeT<kQkvU> pipe{{}, {}, p.w + size_t(rA) * p.H, p.w + size_t(rB) * p.H, s1, t};
-  pipe.load(s0);
+  DensePipe<WF, kQkvUOf<WF>> pipe;
+  pipe.init(p.w, rA, rB, p.H, kp, KSPLIT);
   if (p.kv_prefetch && threadIdx.x == 0) prefetch_kv_l2<kFp8>(p, cta);
   if (threadIdx.x == 0) {
     l2_prefetch_keep(p.norm_w, p.H * 2);  // the staging's gamma, after the wait
@@ -97,12 +95,14 @@ __device__ __forceinline__ void qkv_rope_kv(const QkvRopeKvParams& p, int cta, f
   }
   wait();
   const bool first = cta == 0;
-  stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, nullptr);
+  stage_rmsnorm<kOneTokenNorm>(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, pipe.kPermute, xs, first,
+                               nullptr);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  tile_bf16_run(pipe, xs + min(g, p.M - 1) * staged_ld(p.H), s0, c);
+  pipe.run(xs + min(g, p.M - 1) * staged_ld(p.H), c);
   reduce_ksplit(c, red, KSPLIT);
   if (kp != 0 || tile >= ntiles) return;
+  pipe.scale(c);
   if (!kEarlyInputs) bA = bf(p.bias[rA]), bB = bf(p.bias[rB]), inv_freq = p.inv_freq[d], pos0 = p.pos[0], slot0 = p.slot[0];
   for (int i = 0; i < 2; ++i) {
     const int n = 2 * t + i;
@@ -150,31 +150,27 @@ struct Bf16Rows {
 };
 
 // The plain GEMVs: weight rows of this warp's tile, first batch issued before staging.
-template <int KSPLIT, int U = 4>
+template <int KSPLIT, int U = 4, DenseFormat WF = DenseFormat::kBf16>
 struct PlainTile {
-  Bf16PipeT<U> pipe;
-  int r0, s0, tile, kp, ntiles;
-  // K segments [seg_lo, seg_hi) of 32 values (default: all) are split over the KSPLIT warps.
-  __device__ PlainTile(const uint16_t* w, int N, int K, int cta, int seg_lo = 0, int seg_hi = -1) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  DensePipe<WF, U> pipe;
+  int r0, tile, kp, ntiles;
+  // K segments [seg_lo, seg_hi) of 32 values (bf16 only; default: all) are split over the KSPLIT warps.
+  __device__ PlainTile(const DenseWeight& w, int N, int K, int cta, int seg_lo = 0, int seg_hi = -1) {
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     tile = cta * (kWarps / KSPLIT) + warp / KSPLIT;
     kp = warp % KSPLIT;
     ntiles = (N + 15) / 16;
     r0 = min(tile, ntiles - 1) * 16;
     const int rA = min(r0 + g, N - 1), rB = min(r0 + g + 8, N - 1);
-    if (seg_hi < 0) seg_hi = K / 32;
-    int s1;
-    split_range(seg_hi - seg_lo, kp, KSPLIT, s0, s1);
-    s0 += seg_lo;
-    s1 += seg_lo;
-    pipe = Bf16PipeT<U>{{}, {}, w + size_t(rA) * K, w + size_t(rB) * K, s1, t};
-    pipe.load(s0);
+    if constexpr (WF == DenseFormat::kBf16) pipe.init(w, rA, rB, K, kp, KSPLIT, seg_lo, seg_hi);
+    else pipe.init(w, rA, rB, K, kp, KSPLIT);
   }
   // After staging + __syncthreads: the tile's outputs in c; false for warps with nothing to write.
   __device__ bool run(const uint16_t* xs, int M, int K, float* red, float (&c)[4]) {
     const int g = (threadIdx.x & 31) >> 2;
-    tile_bf16_run(pipe, xs + min(g, M - 1) * staged_ld(K), s0, c);
+    pipe.run(xs + min(g, M - 1) * staged_ld(K), c);
     reduce_ksplit(c, red, KSPLIT);
+    pipe.scale(c);
     return kp == 0 && tile < ntiles;
   }
 };
@@ -195,7 +191,7 @@ template <int KSPLIT, class Wait>
 __device__ __forceinline__ void router(const RouterParams& p, int cta, int ks, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
   const int segs = p.H / 32;
-  PlainTile<KSPLIT> pt(p.w, p.E, p.H, cta, segs * ks / kRouterSplits, segs * (ks + 1) / kRouterSplits);
+  PlainTile<KSPLIT> pt(bf16_weight(p.w), p.E, p.H, cta, segs * ks / kRouterSplits, segs * (ks + 1) / kRouterSplits);
   wait();
   const bool first = cta == 0 && ks == 0;
   stage_rmsnorm(residual_in(p.res, first), p.norm_w, p.eps, p.M, p.H, false, xs, first, p.xn);
@@ -207,12 +203,12 @@ __device__ __forceinline__ void router(const RouterParams& p, int cta, int ks, f
   });
 }
 
-template <int KSPLIT, int U, class Wait>
+template <int KSPLIT, int U, DenseFormat WF, class Wait>
 __device__ __forceinline__ void gemv(const GemvParams& p, int cta, float* red, Wait wait) {
   extern __shared__ __align__(16) uint16_t xs[];
-  PlainTile<KSPLIT, U> pt(p.w, p.N, p.K, cta);
+  PlainTile<KSPLIT, U, WF> pt(p.w, p.N, p.K, cta);
   wait();
-  stage_bf16_rows(Bf16Rows{p.x, p.K}, p.M, p.K, false, xs);
+  stage_bf16_rows(Bf16Rows{p.x, p.K}, p.M, p.K, pt.pipe.kPermute, xs);
   __syncthreads();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   if (!pt.run(xs, p.M, p.K, red, c)) return;

@@ -88,7 +88,7 @@ __device__ inline void route_token(const float* logits, int splits, int M, int n
   top4_softmax(v, E, sel, wt);
 }
 
-// One token whose router ran in the o-proj (bf16_o_proj_router_m1): 1 / rms from the per-tile sums
+// One token whose router ran in the o-proj (dense_o_proj_router_m1): 1 / rms from the per-tile sums
 // of squares (added in a fixed order, so every warp gets the same bits), logits = acc / 2^28 / rms +
 // bias, then the top-4. Returns 1 / rms (the expert input's norm). Every lane gets the results.
 __device__ inline float route_token_acc(const MoeDecodeParams& p, int (&sel)[kTopK], float (&wt)[kTopK]) {

@@ -32,7 +32,8 @@ ModelConfig load_config(const CudaEngineOptions& opt) {
 
 }  // namespace
 
-CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt), cfg_(load_config(opt)), model_(cfg_) {
+CudaRunner::CudaRunner(const CudaEngineOptions& opt)
+    : opt_(opt), cfg_(load_config(opt)), model_(cfg_, opt.dense) {
   std::unique_ptr<Checkpoint> ckpt;
   if (!opt.dummy_weights) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opt.model_dir));
   MX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -41,8 +42,9 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt) : opt_(opt), cfg_(load_conf
   allocate();
   const auto t0 = std::chrono::steady_clock::now();
   size_t bytes = 0;
-  if (opt.dummy_weights) model_.fill_dummy(opt.seed, stream_);
-  else bytes = model_.upload(bind_weights(*ckpt, cfg_), stream_);
+  const size_t scratch = dense_scratch_elems(model_.shape);
+  if (opt.dummy_weights) model_.fill_dummy(opt.seed, stream_, act_.wdq, scratch);
+  else bytes = model_.upload(bind_weights(*ckpt, cfg_), stream_, act_.wdq, scratch);
   stats_.upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (bytes) {
     stats_.upload_gbps = bytes / stats_.upload_seconds / 1e9;

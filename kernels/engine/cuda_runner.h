@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "model/dense_quant.h"
 #include "model/model_runner.h"
 
 namespace mx {
@@ -21,6 +22,7 @@ struct CudaEngineOptions {
   int block_size = 16;
   int num_kv_blocks = 0;              // 0 = from gpu_memory_utilization
   bool kv_fp8 = false;                // --kv-cache-dtype fp8: E4M3 K and V (kv_cache.h); needs sm_89+
+  DenseQuant dense;                   // --mxfp4-layers / --fp8-layers: quantized at load (dense_weight.h)
   bool keep_logits = false;           // copy sampled rows' logits to host (last_logits)
   int vocab_limit = 0;                // ids >= this are never sampled (tokenizer size); 0 = model vocab
   uint64_t seed = 1;                  // dummy-weight seed

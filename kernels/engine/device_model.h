@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/common/dense_weight.h"
 #include "model/config.h"
+#include "model/dense_quant.h"
 
 namespace mx {
 
@@ -23,28 +25,36 @@ struct DeviceShape {
   int layers = 0, H = 0, V = 0;  // layers, hidden size, vocabulary
   int Hq = 0, Hkv = 0, D = 0;    // query heads, KV heads, head dim
   int E = 0, I = 0, top_k = 0;   // experts, intermediate size, experts per token
+  DenseQuant dense;              // formats of qkv, o-proj and lm_head (--mxfp4-layers, --fp8-layers)
   int q_dim() const { return Hq * D; }
   int kv_dim() const { return Hkv * D; }
   int qkv_dim() const { return (Hq + 2 * Hkv) * D; }
-  static DeviceShape of(const ModelConfig& c);
+  static DeviceShape of(const ModelConfig& c, const DenseQuant& dense = {});
 };
 
 // One layer's weights (device pointers into the arena). q, k and v are one matrix, concatenated by
 // rows, so one GEMV reads the three projections.
 struct DeviceLayer {
-  uint16_t *attn_norm, *qkv_w, *qkv_b, *o_w, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
+  cuda::DenseWeight qkv, o;
+  uint16_t *attn_norm, *qkv_b, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
   uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
   uint16_t *up_bias, *down_bias;
 };
 
-// Byte sizes of every tensor of one layer, in arena order.
+// Byte sizes of every tensor of one layer, in arena order (qkv_sc / o_sc: the quantized formats' scales).
 struct LayerSizes {
-  size_t attn_norm, qkv_w, qkv_b, o_w, o_b, sinks, mlp_norm, router_w, router_b, up_blocks, up_scales, up_bias,
-      down_blocks, down_scales, down_bias;
+  size_t attn_norm, qkv_w, qkv_sc, qkv_b, o_w, o_sc, o_b, sinks, mlp_norm, router_w, router_b, up_blocks, up_scales,
+      up_bias, down_blocks, down_scales, down_bias;
   explicit LayerSizes(const DeviceShape& s);
   size_t total() const;         // with each tensor's 256-byte alignment
   size_t expert_bytes() const;  // all experts, fc1 + fc2 (blocks, scales, bias)
 };
+
+// Bytes of lm_head in its format, scales included.
+size_t lm_head_bytes(const DeviceShape& s);
+// bf16 values of the scratch quantized dense matrices pass through (load, prefill GEMMs): the larger of
+// qkv and o-proj; lm_head goes in slices of rows. 0 when every dense matrix is bf16.
+size_t dense_scratch_elems(const DeviceShape& s);
 
 // Distinct experts M tokens touch on average with uniform routing, and the weight bytes one decode
 // step of M tokens reads with it (dense + those experts + lm_head + embedding rows).
@@ -55,20 +65,24 @@ double step_weight_bytes(const DeviceShape& s, double experts_read, int M);
 
 class DeviceModel {
  public:
-  explicit DeviceModel(const ModelConfig& cfg);
+  DeviceModel(const ModelConfig& cfg, const DenseQuant& dense);
   size_t arena_bytes() const;
   // Lays the tensors out in `arena` (arena_bytes() of device memory).
   void bind(uint8_t* arena);
-  void fill_dummy(uint64_t seed, cudaStream_t s);
+  // Quantized matrices pass through `scratch` (bf16, scratch_elems >= one row of each): made or uploaded
+  // in bf16 a slice of rows at a time, then quantized into the arena on the GPU (dense_quant.h).
+  void fill_dummy(uint64_t seed, cudaStream_t s, uint16_t* scratch, size_t scratch_elems);
   // Host -> device through two pinned staging buffers; returns the bytes copied.
-  size_t upload(const ModelWeights& w, cudaStream_t s);
+  size_t upload(const ModelWeights& w, cudaStream_t s, uint16_t* scratch, size_t scratch_elems);
   // The decode kernels fold the E8M0 scale into one bf16 multiply, which covers scales up to 2^1:
-  // fails on a checkpoint with larger ones. scratch: 8 bytes of device memory.
+  // fails on a checkpoint with larger ones (experts, or dense rows quantized to MXFP4). scratch: 8 bytes
+  // of device memory.
   void check_scales(unsigned long long* scratch, cudaStream_t s) const;
 
   const ModelConfig& cfg;
   DeviceShape shape;
-  uint16_t *embed = nullptr, *lm_head = nullptr, *final_norm = nullptr;
+  uint16_t *embed = nullptr, *final_norm = nullptr;
+  cuda::DenseWeight lm_head;
   std::vector<DeviceLayer> layers;
   bool sliding(int layer) const { return cfg.sliding_window > 0 && cfg.layer_is_sliding[size_t(layer)]; }
   int window(int layer) const { return sliding(layer) ? cfg.sliding_window : 0; }

@@ -10,6 +10,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
+#include "kernels/dense_quant/dense_quant.h"
 #include "kernels/engine/forward.h"
 #include "model/rope.h"
 
@@ -28,7 +29,8 @@ Forward::Forward(const DeviceModel& model, const KvCache& kv, const Activations&
   std::vector<cuda::DecodeStepLayer> sl(size_t(shape_.layers));
   for (int l = 0; l < shape_.layers; ++l) {
     const DeviceLayer& d = model.layers[size_t(l)];
-    sl[size_t(l)] = {d.attn_norm, d.qkv_w, d.qkv_b, d.o_w, d.o_b, d.sinks, d.mlp_norm, d.router_w, d.router_b,
+    sl[size_t(l)] = {d.qkv.data, d.qkv.scales, d.o.data, d.o.scales, d.attn_norm, d.qkv_b, d.o_b, d.sinks, d.mlp_norm,
+                     d.router_w, d.router_b,
                      d.up_blocks, d.up_scales, d.down_blocks, d.down_scales, d.up_bias, d.down_bias,
                      kv.layers[size_t(l)], model.window(l)};
     cuda::require_kv(kv.layers[size_t(l)], "decode_step");
@@ -41,8 +43,9 @@ Forward::~Forward() {
 }
 
 void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_token_per_seq) {
-  // The profile and the skipped kinds need the per-op launches.
-  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip) {
+  // The profile and the skipped kinds need the per-op launches; the persistent step takes one format for
+  // qkv and o-proj.
+  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip && shape_.dense.qkv == shape_.dense.o) {
     decode_persistent(st, t0, M, one_token_per_seq);
     if (S > 0) final_logits(st, cuda::decode_step_output(act_.xa, act_.xb, shape_.layers), act_.ysl,
                             st.dev->srow_local + s0, s0, S);
@@ -50,7 +53,7 @@ void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_
   }
   probe_.reset_op_cursor(stream_);
   if (probe_.trace) probe_.trace_kind = 2;
-  // One token on the FP8 expert path: the router runs inside the o-proj (bf16_o_proj_router_m1),
+  // One token on the FP8 expert path: the router runs inside the o-proj (dense_o_proj_router_m1),
   // whose integer sums start from zero.
   const DecodeRows r{&st, t0, M, one_token_per_seq, cuda::mxfp4_moe_one_token_fp8(M)};
   if (r.fused_router)
@@ -84,7 +87,7 @@ void Forward::qkv_rope_kv(const DecodeRows& r, int l, const float* x, const floa
   const StepMeta& m = *r.st->dev;
   cuda::QkvRopeKvParams q;
   q.res = {x, y, x_next};
-  q.norm_w = L.attn_norm; q.eps = model_.cfg.rms_norm_eps; q.w = L.qkv_w; q.bias = L.qkv_b;
+  q.norm_w = L.attn_norm; q.eps = model_.cfg.rms_norm_eps; q.w = L.qkv; q.bias = L.qkv_b;
   q.pos = m.pos + r.t0; q.slot = (model_.sliding(l) ? m.slot_sw : m.slot) + r.t0;
   q.inv_freq = act_.inv_freq; q.concentration = concentration_;
   q.q_out = act_.qkv; q.kv = kv_.layers[size_t(l)];
@@ -94,8 +97,8 @@ void Forward::qkv_rope_kv(const DecodeRows& r, int l, const float* x, const floa
     q.kv_prefetch = true;
     q.block_tables = m.bt; q.bt_off = m.bt_off + r.t0;
   }
-  if (!probe_.skips(kDecodeQkv)) cuda::bf16_qkv_rope_kv(q, stream_);
-  mark("qkv_rope_kv", double(sizes_.qkv_w));
+  if (!probe_.skips(kDecodeQkv)) cuda::dense_qkv_rope_kv(q, stream_);
+  mark("qkv_rope_kv", double(sizes_.qkv_w + sizes_.qkv_sc));
 }
 
 void Forward::attention(const DecodeRows& r, int l) {
@@ -128,15 +131,15 @@ void Forward::attention(const DecodeRows& r, int l) {
 void Forward::o_proj(const DecodeRows& r, int l, float* x_next) {
   const DeviceLayer& L = model_.layers[size_t(l)];
   const LayerSizes& ls = sizes_;
-  const cuda::OProjParams op{act_.attn, L.o_w, L.o_b, x_next, r.M, shape_.H, shape_.q_dim(), probe_.op_trace(l)};
+  const cuda::OProjParams op{act_.attn, L.o, L.o_b, x_next, r.M, shape_.H, shape_.q_dim(), probe_.op_trace(l)};
   if (r.fused_router) {
     if (!probe_.skips(kDecodeOProj))
-      cuda::bf16_o_proj_router_m1(
+      cuda::dense_o_proj_router_m1(
           {op, L.mlp_norm, L.router_w, act_.route_acc + size_t(l) * shape_.E, act_.ss_part, shape_.E}, stream_);
-    mark("o_proj_residual_router", double(ls.o_w + ls.router_w));
+    mark("o_proj_residual_router", double(ls.o_w + ls.o_sc + ls.router_w));
   } else {
-    if (!probe_.skips(kDecodeOProj)) cuda::bf16_o_proj_residual(op, stream_);
-    mark("o_proj_residual", double(ls.o_w));
+    if (!probe_.skips(kDecodeOProj)) cuda::dense_o_proj_residual(op, stream_);
+    mark("o_proj_residual", double(ls.o_w + ls.o_sc));
   }
 }
 
@@ -195,6 +198,7 @@ void Forward::decode_persistent(const StepView& st, int t0, int M, bool one_toke
   p.Hq = shape_.Hq; p.Hkv = shape_.Hkv; p.D = shape_.D;
   p.kv_stable = one_token_per_seq;
   p.kv_fp8 = kv_.spec.dtype == cuda::KvDtype::kFp8E4m3;
+  p.dense = shape_.dense.qkv;
   p.trace = probe_.trace;
   if (probe_.trace) {
     probe_.trace_items = cuda::decode_step_items(M, p.num_layers, p.H, p.I, p.E, p.Hq, p.Hkv, p.D);
@@ -212,13 +216,25 @@ void Forward::final_logits(const StepView& st, const float* x, const float* y_sl
   mark("final_norm", 0);
   float* logits = act_.logits + size_t(s0) * V;
   if (S <= cuda::kDecodeMaxTokens) {
-    cuda::bf16_lm_head(act_.xs + size_t(s0) * H, model_.lm_head, logits, S, V, H, stream_);
-  } else {  // many rows: one tensor-core GEMM reads the head once
+    cuda::dense_lm_head(act_.xs + size_t(s0) * H, model_.lm_head, logits, S, V, H, stream_);
+  } else {  // many rows: tensor-core GEMMs read the head once
     cuda::GemmBf16Params g;
-    g.x = act_.xs + size_t(s0) * H; g.w = model_.lm_head; g.y = logits; g.M = S; g.N = V; g.K = H; g.y_f32 = true;
-    cuda::gemm_bf16(gemm_, g, stream_);
+    g.x = act_.xs + size_t(s0) * H; g.y_f32 = true; g.M = S; g.K = H;
+    if (model_.lm_head.fmt == DenseFormat::kBf16) {
+      g.w = model_.lm_head.bf16(); g.y = logits; g.N = V;
+      cuda::gemm_bf16(gemm_, g, stream_);
+    } else {  // a quantized head: slices of vocabulary rows widened to bf16 in the scratch, each a GEMM
+      const int step = std::max(8, int(dense_scratch_elems(shape_) / size_t(H)) & ~7);  // N % 8 for cuBLASLt
+      g.w = act_.wdq; g.ldy = V;
+      for (int v0 = 0; v0 < V; v0 += step) {
+        g.N = std::min(step, V - v0);
+        g.y = logits + v0;
+        cuda::dequantize_dense_rows(model_.lm_head, size_t(v0), g.N, H, act_.wdq, stream_);
+        cuda::gemm_bf16(gemm_, g, stream_);
+      }
+    }
   }
-  mark("lm_head", double(V) * H * 2);
+  mark("lm_head", double(lm_head_bytes(shape_)));
   cuda::launch_argmax_logprob(logits, S, V, opt_.vocab_limit, reinterpret_cast<int32_t*>(st.results) + s0,
                               st.results + st.num_sampled + s0, act_.argmax_part, stream_, st.dev->inv_temp + s0,
                               st.dev->sample_key + s0, act_.picked + s0);

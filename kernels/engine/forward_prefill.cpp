@@ -4,6 +4,7 @@
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/attention_prefill/attention_prefill.h"
 #include "kernels/decode/decode_kernels.h"
+#include "kernels/dense_quant/dense_quant.h"
 #include "kernels/engine/forward.h"
 #include "kernels/moe_prefill/moe_prefill.h"
 
@@ -19,9 +20,14 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
   const LayerSizes& ls = sizes_;
   // Profile marks count weight and KV bytes (wide decode steps are bandwidth-bound); the experts'
   // bytes are those of the experts each layer routed to (Probe::record_routing).
-  auto gemm = [&](const uint16_t* x, const uint16_t* w, const uint16_t* b, void* y, int N, int K, bool acc) {
+  // A quantized matrix is widened to bf16 in the scratch first (exact; a few microseconds a layer).
+  auto gemm = [&](const uint16_t* x, const cuda::DenseWeight& w, const uint16_t* b, void* y, int N, int K, bool acc) {
     cuda::GemmBf16Params g;
-    g.x = x; g.w = w; g.bias = b; g.y = y; g.M = M; g.N = N; g.K = K; g.y_f32 = true; g.accumulate = acc;
+    g.x = x; g.w = w.bf16(); g.bias = b; g.y = y; g.M = M; g.N = N; g.K = K; g.y_f32 = true; g.accumulate = acc;
+    if (w.fmt != DenseFormat::kBf16) {
+      cuda::dequantize_dense_rows(w, 0, N, K, a.wdq, s);
+      g.w = a.wdq;
+    }
     cuda::gemm_bf16(gemm_, g, s);
   };
 
@@ -36,8 +42,8 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     const bool sw = model_.sliding(l);
     cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.attn_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("attn_norm", 0);
-    gemm(a.xn, L.qkv_w, L.qkv_b, a.qkv, QKV, H, false);
-    mark("qkv_gemm", double(ls.qkv_w));
+    gemm(a.xn, L.qkv, L.qkv_b, a.qkv, QKV, H, false);
+    mark("qkv_gemm", double(ls.qkv_w + ls.qkv_sc));
     cuda::launch_rope_kv({a.qkv, m.pos, sw ? m.slot_sw : m.slot, a.inv_freq, concentration_, kv, a.qbf, M, d.Hq,
                           d.Hkv, d.D}, s);
     mark("rope_kv", 0);
@@ -72,12 +78,12 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
       }
     }
     if (probe_.profiling) mark(sw ? "attention_sliding" : "attention_full", kv_bytes_read(st, seqs, l));
-    gemm(a.attn, L.o_w, L.o_b, a.xa, H, d.q_dim(), true);
-    mark("o_gemm_residual", double(ls.o_w));
+    gemm(a.attn, L.o, L.o_b, a.xa, H, d.q_dim(), true);
+    mark("o_gemm_residual", double(ls.o_w + ls.o_sc));
     reduce_after_attention(l);
     cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.mlp_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("mlp_norm", 0);
-    gemm(a.xn, L.router_w, L.router_b, a.router, E, H, false);
+    gemm(a.xn, cuda::bf16_weight(L.router_w), L.router_b, a.router, E, H, false);
     cuda::launch_topk_softmax(a.router, a.eidx, a.ew, M, E, k, s);
     mark("router_topk", double(ls.router_w));
 

@@ -30,6 +30,7 @@ struct Activations {
   float* ss_part;                        // and the sums of squares of the current layer
   unsigned long long* attn_mma_part;     // attention_decode_mma's tagged partials (max(8, S) rows)
   int32_t* picked;                       // [S] the last step's picks on the device (decode ahead's input)
+  uint16_t* wdq;                         // bf16 scratch of quantized dense weights (dense_scratch_elems)
 };
 
 // One step's metadata: int32 token arrays, then (8-byte aligned) the sampled rows' keys and filters,

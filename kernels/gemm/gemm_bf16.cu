@@ -17,7 +17,7 @@ namespace {
   } while (0)
 
 struct Plan {
-  int M = 0, N = 0, K = 0;
+  int M = 0, N = 0, K = 0, ldy = 0;
   bool f32 = false, acc = false, bias = false;
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -63,9 +63,10 @@ void gemm_context_destroy(GemmContext* c) {
 
 static Plan& get_plan(GemmContext* c, const GemmBf16Params& q) {
   const bool has_bias = q.bias != nullptr;
+  const int ldy = q.ldy ? q.ldy : q.N;
   for (int i = 0; i < std::min(c->n_plans, kMaxPlans); ++i) {
     Plan& p = c->plans[i];
-    if (p.M == q.M && p.N == q.N && p.K == q.K && p.f32 == q.y_f32 && p.acc == q.accumulate && p.bias == has_bias)
+    if (p.M == q.M && p.N == q.N && p.K == q.K && p.ldy == ldy && p.f32 == q.y_f32 && p.acc == q.accumulate && p.bias == has_bias)
       return p;
   }
   // Serving sees many token counts: when the cache is full, replace the oldest plan (round robin).
@@ -77,7 +78,7 @@ static Plan& get_plan(GemmContext* c, const GemmBf16Params& q) {
     cublasLtMatrixLayoutDestroy(p.c);
   }
   p = Plan{};
-  p.M = q.M; p.N = q.N; p.K = q.K; p.f32 = q.y_f32; p.acc = q.accumulate; p.bias = has_bias;
+  p.M = q.M; p.N = q.N; p.K = q.K; p.ldy = ldy; p.f32 = q.y_f32; p.acc = q.accumulate; p.bias = has_bias;
   // Column-major view: C[N, M] = W^T(op T of [K, N]) * X([K, M]).
   MX_LT(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -92,7 +93,7 @@ static Plan& get_plan(GemmContext* c, const GemmBf16Params& q) {
   const cudaDataType_t ct = q.y_f32 ? CUDA_R_32F : CUDA_R_16BF;
   MX_LT(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, q.K, q.N, q.K));
   MX_LT(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, q.K, q.M, q.K));
-  MX_LT(cublasLtMatrixLayoutCreate(&p.c, ct, q.N, q.M, q.N));
+  MX_LT(cublasLtMatrixLayoutCreate(&p.c, ct, q.N, q.M, ldy));
   cublasLtMatmulPreference_t pref;
   MX_LT(cublasLtMatmulPreferenceCreate(&pref));
   MX_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes,
@@ -112,6 +113,7 @@ static Plan& get_plan(GemmContext* c, const GemmBf16Params& q) {
 void gemm_bf16(GemmContext* c, const GemmBf16Params& q, cudaStream_t s) {
   if (q.M <= 0) return;
   if (q.K % 8 || q.N % 8) gemm_throw("gemm_bf16: K and N must be multiples of 8");
+  if (q.ldy && (q.ldy < q.N || (q.bias && q.ldy != q.N))) gemm_throw("gemm_bf16: ldy must be >= N, and N with a bias");
   Plan& p = get_plan(c, q);
   if (q.bias && !q.y_f32)
     MX_LT(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &q.bias, sizeof(q.bias)));

@@ -21,8 +21,10 @@ struct GemmBf16Params {
   int M = 0, N = 0, K = 0;
   bool y_f32 = false;              // fp32 output (lm_head logits, residual stream)
   bool accumulate = false;         // Y += X W^T (+ bias): residual add
+  int ldy = 0;                     // Y's row stride in elements (0: N), e.g. a column slice of wider rows
 };
-// Throws mx::Error if cuBLASLt has no algorithm for the shape. K, N must be multiples of 8.
+// Throws mx::Error if cuBLASLt has no algorithm for the shape. K, N must be multiples of 8; a bias needs
+// ldy 0 or N.
 void gemm_bf16(GemmContext* ctx, const GemmBf16Params& p, cudaStream_t s);
 
 // CPU reference (double accumulate), same semantics; x/w/bias bf16, y fp32 (bf16-rounded if !y_f32).

@@ -182,11 +182,14 @@ mx::CudaEngineOptions small_options(const std::string& dir, int nseq, int len, i
 }
 
 E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
-                  int prefill_min_tokens = 1 << 30, bool flash = true, bool fp8 = false, int step_min_tokens = 6) {
+                  int prefill_min_tokens = 1 << 30, bool flash = true, bool fp8 = false, int step_min_tokens = 6,
+                  const mx::DenseQuant& dense = {}) {
   const std::string dir = e2e_fixture(preset);
   mx::ModelConfig cfg = mx::load_model_config(dir);
   mx::Checkpoint ck = mx::Checkpoint::open(dir);
   mx::ModelWeights w = mx::bind_weights(ck, cfg);
+  std::vector<std::vector<uint16_t>> quantized;  // the reference's rounded copies (--mxfp4-layers, --fp8-layers)
+  mx::apply_dense_quant(dense, cfg, w, quantized);
   mx::ThreadPool pool(4);
   mx::CpuReference ref(cfg, w, &pool);
 
@@ -198,6 +201,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   opt.use_graphs = graphs;
   opt.kv_fp8 = fp8;
   opt.decode_step_min_tokens = step_min_tokens;
+  opt.dense = dense;
   auto gpu = mx::make_cuda_runner(opt);
 
   std::vector<std::vector<int32_t>> toks(nseq, std::vector<int32_t>(N));
@@ -263,13 +267,13 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
       res.agree += ok_tok && (gt == am || r[am] - r[gt] <= 2 * tol * std::sqrt(den / cfg.vocab_size));
       ++res.total;
       res.over += rel >= tol;
-      if (!fp8) {  // fp8: the caller checks `over`
+      if (!fp8 && !dense.any()) {  // fp8 cache, quantized layers: the caller checks `over`
         EXPECT_LT(rel, tol) << preset << " seq " << s << " pos " << p;
       }
     }
   }
-  std::printf("[%s e2e, %d seqs, graphs %d, prefill >= %d tokens, flash %d, kv %s] worst relative L2 of logits %.3e (first step %.3e), argmax agreement %d/%d, %d positions over %.2g\n",
-              preset, nseq, int(graphs), prefill_min_tokens, int(flash), fp8 ? "fp8" : "bf16", res.worst,
+  std::printf("[%s e2e, %d seqs, graphs %d, prefill >= %d tokens, flash %d, kv %s, %s] worst relative L2 of logits %.3e (first step %.3e), argmax agreement %d/%d, %d positions over %.2g\n",
+              preset, nseq, int(graphs), prefill_min_tokens, int(flash), fp8 ? "fp8" : "bf16", dense.describe().c_str(), res.worst,
               res.worst_first, res.agree, res.total, res.over, tol);
   return res;
 }
@@ -341,6 +345,31 @@ TEST(CudaRunner, MiniFp8KvCacheDecodePathMatchesCpuReference) {
 TEST(CudaRunner, MiniFp8KvCacheWideDecodeStepsMatchCpuReference) {
   expect_fp8_e2e(run_e2e("mini", 16, 4, 5, true, 3e-1, 9, true, true));
 }
+// Quantized dense layers against the CPU reference with the same rounding (the GPU quantizer matches the
+// host's bit for bit, so both run the same model): the bf16 tolerances, and every greedy pick equal (or a
+// near tie); mini's random layers amplify the bf16 activations' rounding more with these weights (FP8,
+// prefill and decode: one of 21 positions at 0.19, H100), so 10 % of the positions may pass the tolerance.
+// The decode kernels of each format, the prefill GEMMs on dequantized weights, and (16 sampled rows)
+// lm_head in vocabulary slices.
+void expect_dense_e2e(const E2eResult& r) {
+  EXPECT_LE(r.over * 10, r.total);
+  EXPECT_EQ(r.agree, r.total);
+}
+TEST(CudaRunner, TinyMxfp4DenseLayersMatchCpuReference) {
+  expect_dense_e2e(run_e2e("tiny", 3, 7, 6, true, 2e-2, 1 << 30, true, false, 6, mx::parse_dense_quant("all", "none")));
+}
+TEST(CudaRunner, MiniFp8DenseLayersPrefillAndDecodeMatchCpuReference) {
+  expect_dense_e2e(run_e2e("mini", 3, 40, 6, true, 1e-1, 9, true, false, 6, mx::parse_dense_quant("none", "all")));
+}
+TEST(CudaRunner, MiniMxfp4DenseLayersPrefillAndDecodeMatchCpuReference) {
+  expect_dense_e2e(run_e2e("mini", 3, 40, 6, true, 1e-1, 9, true, false, 6, mx::parse_dense_quant("all", "none")));
+}
+TEST(CudaRunner, MiniMixedDenseLayersWideDecodeStepsMatchCpuReference) {
+  expect_dense_e2e(run_e2e("mini", 16, 4, 5, true, 1.5e-1, 9, true, false, 6, mx::parse_dense_quant("qkv,o", "lm_head")));
+}
+TEST(CudaRunner, MiniMxfp4DenseLayersWideDecodeStepsMatchCpuReference) {
+  expect_dense_e2e(run_e2e("mini", 16, 4, 5, true, 1.5e-1, 9, true, false, 6, mx::parse_dense_quant("all", "none")));
+}
 TEST(CudaRunner, MiniFp8KvCacheWideDecodeStepsRegisterAttentionMatchCpuReference) {
   expect_fp8_e2e(run_e2e("mini", 16, 4, 5, true, 3e-1, 9, false, true));
 }
@@ -352,7 +381,7 @@ enum class DecodePath { kLayered, kPersistent };
 // Logits of `nseq` sequences of P prompt tokens, then `steps` decode steps of all of them (M = nseq
 // tokens per step), on the given decode path.
 std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, DecodePath path, bool graphs,
-                                 bool fp8) {
+                                 bool fp8, const mx::DenseQuant& dense) {
   const std::string dir = e2e_fixture(preset);
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + steps, nblk = (N + bs - 1) / bs;
@@ -367,6 +396,7 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
   opt.decode_step_min_tokens = path == DecodePath::kPersistent ? 1 : 9;
   opt.use_graphs = graphs;
   opt.kv_fp8 = fp8;
+  opt.dense = dense;
   auto gpu = mx::make_cuda_runner(opt);
   std::vector<float> all;
   std::vector<std::vector<int32_t>> bt(nseq);
@@ -405,9 +435,11 @@ std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps,
 // amplify the difference. So per logit row (every sequence, every step): relative L2 <= 5e-2 and the
 // same greedy pick, except where the layered path's top two logits are within 2 % of each other (a
 // near tie that rounding may swap).
-void expect_persistent_matches_layered(const char* preset, int nseq, int P, int steps, bool graphs, bool fp8 = false) {
-  const auto want = decode_logits(preset, nseq, P, steps, DecodePath::kLayered, graphs, fp8);
-  const auto got = decode_logits(preset, nseq, P, steps, DecodePath::kPersistent, graphs, fp8);
+void expect_persistent_matches_layered(const char* preset, int nseq, int P, int steps, bool graphs, bool fp8 = false,
+                                       const mx::DenseQuant& dense = {}) {
+  SCOPED_TRACE(dense.describe());
+  const auto want = decode_logits(preset, nseq, P, steps, DecodePath::kLayered, graphs, fp8, dense);
+  const auto got = decode_logits(preset, nseq, P, steps, DecodePath::kPersistent, graphs, fp8, dense);
   ASSERT_EQ(got.size(), want.size());
   const int rows = nseq * (steps + 1);
   const size_t V = want.size() / size_t(rows);
@@ -437,6 +469,12 @@ void expect_persistent_matches_layered(const char* preset, int nseq, int P, int 
 TEST(CudaRunner, PersistentDecodeMatchesLayeredTiny) { expect_persistent_matches_layered("tiny", 3, 5, 6, false); }
 TEST(CudaRunner, PersistentDecodeMatchesLayeredOneToken) { expect_persistent_matches_layered("mini", 1, 5, 4, true); }
 TEST(CudaRunner, PersistentDecodeMatchesLayeredMiniGraphs) { expect_persistent_matches_layered("mini", 8, 5, 5, true); }
+// Quantized qkv and o-proj (one format for both: the persistent step's condition).
+TEST(CudaRunner, PersistentDecodeMatchesLayeredQuantizedDenseLayers) {
+  expect_persistent_matches_layered("mini", 8, 5, 5, true, false, mx::parse_dense_quant("all", "none"));
+  expect_persistent_matches_layered("mini", 8, 5, 5, true, false, mx::parse_dense_quant("none", "all"));
+  expect_persistent_matches_layered("tiny", 3, 5, 6, false, true, mx::parse_dense_quant("qkv,o", "lm_head"));
+}
 // 150-token prompts: the decode attention of the full layers runs two splits and their merge.
 TEST(CudaRunner, PersistentDecodeMatchesLayeredMiniLong) { expect_persistent_matches_layered("mini", 3, 150, 8, false); }
 // The FP8 cache: both paths write K and V with the same qkv body, so they round the same values.

@@ -15,6 +15,7 @@
 #include "core/fp8.h"
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/decode/decode_gemv.h"
+#include "tests/kernels/dense_weight_util.h"
 #include "tests/kernels/gpu_test_util.h"
 
 namespace {
@@ -47,24 +48,29 @@ TEST(DecodeGemv, Bf16SmallMMatchesReferenceOddSizes) {
   }
 }
 
-TEST(DecodeGemv, LmHeadMatchesReference) {
+// Every weight format (the quantized values are exact in bf16: the same tolerance), odd sizes: H = 96 is a
+// partial MXFP4 segment (3 groups of 32) and a partial FP8 one (6 chunks of 16).
+TEST(DecodeGemv, LmHeadMatchesReferenceEveryFormat) {
   std::mt19937 rng(2);
-  const int M = 2, V = 1000, H = 320;
-  auto W = random_bf16(size_t(V) * H, rng), x = random_bf16(size_t(M) * H, rng);
-  DevBuf<uint16_t> dW(W), dx(x);
-  DevBuf<float> dy(size_t(M) * V);
-  dy.poison();
-  cuda::bf16_lm_head(dx.p, dW.p, dy.p, M, V, H, 0);
-  auto y = dy.get();
-  for (int m = 0; m < M; ++m)
-    for (int r = 0; r < V; ++r) {
-      double ref = 0, mag = 0;
-      for (int k = 0; k < H; ++k) {
-        const double t = double(bf16_to_f32(W[size_t(r) * H + k])) * bf16_to_f32(x[size_t(m) * H + k]);
-        ref += t;
-        mag += std::fabs(t);
-      }
-      ASSERT_NEAR(y[size_t(m) * V + r], ref, 1e-5 * mag + 1e-6);
+  for (auto [M, V, H] : {std::tuple{2, 1000, 320}, std::tuple{7, 37, 96}, std::tuple{1, 77, 2880}})
+    for (DenseFormat f : kDenseFormats) {
+      auto W = random_bf16(size_t(V) * H, rng), x = random_bf16(size_t(M) * H, rng);
+      const DenseTestWeight tw(f, W, V, H);
+      DevBuf<uint16_t> dx(x);
+      DevBuf<float> dy(size_t(M) * V);
+      dy.poison();
+      cuda::dense_lm_head(dx.p, tw.w, dy.p, M, V, H, 0);
+      auto y = dy.get();
+      for (int m = 0; m < M; ++m)
+        for (int r = 0; r < V; ++r) {
+          double ref = 0, mag = 0;
+          for (int k = 0; k < H; ++k) {
+            const double t = double(tw.values[size_t(r) * H + k]) * bf16_to_f32(x[size_t(m) * H + k]);
+            ref += t;
+            mag += std::fabs(t);
+          }
+          ASSERT_NEAR(y[size_t(m) * V + r], ref, 1e-5 * mag + 1e-6) << format_name(f) << " V=" << V << " H=" << H;
+        }
     }
 }
 
@@ -85,24 +91,28 @@ bool near_e4m3(float got, double want, double tol) {
   return std::fabs(got - want) <= std::fabs(want) / 16 + std::ldexp(1.0, -10) + tol;
 }
 
-void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch = false, bool fp8 = false) {
+void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch = false, bool fp8 = false,
+               DenseFormat wf = DenseFormat::kBf16) {
+  SCOPED_TRACE(format_name(wf));
   std::mt19937 rng(3 + D + M);
   const int N = (Hq + 2 * Hkv) * D, rows = 64;
   const float eps = 1e-5f;
   auto x = random_f32(size_t(M) * H, rng, -2, 2), y = random_f32(size_t(M) * 4 * H, rng, -0.5f, 0.5f);
-  auto g = random_bf16(H, rng, 0.5f, 1.5f), W = random_bf16(size_t(N) * H, rng), b = random_bf16(N, rng);
+  auto g = random_bf16(H, rng, 0.5f, 1.5f), Wb = random_bf16(size_t(N) * H, rng), b = random_bf16(N, rng);
+  const DenseTestWeight tw(wf, Wb, N, H);
+  const std::vector<float>& W = tw.values;
   std::vector<float> inv(D / 2);
   for (int i = 0; i < D / 2; ++i) inv[i] = std::pow(150000.f, -2.f * i / D);
   std::vector<int32_t> pos(M), slot(M);
   for (int m = 0; m < M; ++m) { pos[m] = 3 + 37 * m; slot[m] = (5 * m + 3) % rows; }
   DevBuf<float> dx(x), dy(y), dxo(size_t(M) * H), dq(size_t(M) * Hq * D), dinv(inv);
-  DevBuf<uint16_t> dg(g), dW(W), db(b), dk(size_t(rows) * Hkv * D), dv(size_t(rows) * Hkv * D);
+  DevBuf<uint16_t> dg(g), db(b), dk(size_t(rows) * Hkv * D), dv(size_t(rows) * Hkv * D);
   DevBuf<uint8_t> dk8(size_t(rows) * Hkv * D), dv8(size_t(rows) * Hkv * D);
   DevBuf<int32_t> dpos(pos), dslot(slot), dbt(std::vector<int32_t>{2, 0, 3, 1}), dbo(std::vector<int32_t>(M, 0));
   dq.poison(); dk.poison(); dv.poison(); dxo.poison(); dk8.poison(); dv8.poison();
   cuda::QkvRopeKvParams p;
   p.res = {dx.p, with_y ? dy.p : nullptr, dxo.p};
-  p.norm_w = dg.p; p.eps = eps; p.w = dW.p; p.bias = db.p; p.pos = dpos.p; p.slot = dslot.p; p.inv_freq = dinv.p;
+  p.norm_w = dg.p; p.eps = eps; p.w = tw.w; p.bias = db.p; p.pos = dpos.p; p.slot = dslot.p; p.inv_freq = dinv.p;
   p.concentration = 1.25f; p.q_out = dq.p; p.kv.k = dk.p; p.kv.v = dv.p;
   if (fp8) p.kv.k = dk8.p, p.kv.v = dv8.p, p.kv.dtype = cuda::KvDtype::kFp8E4m3;
   p.M = M; p.H = H; p.Hq = Hq; p.Hkv = Hkv; p.D = D;
@@ -110,7 +120,7 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
     p.kv_prefetch = true;
     p.block_tables = dbt.p; p.bt_off = dbo.p; p.kv.block_size = 16;
   }
-  cuda::bf16_qkv_rope_kv(p, 0);
+  cuda::dense_qkv_rope_kv(p, 0);
   auto q = dq.get(); auto kc = dk.get(); auto vc = dv.get(); auto xo = dxo.get();
   auto kc8 = dk8.get(), vc8 = dv8.get();
   std::vector<float> res(x);
@@ -125,7 +135,7 @@ void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch 
     for (int r = 0; r < N; ++r) {
       o[r] = bf16_to_f32(b[r]);
       for (int k = 0; k < H; ++k) {
-        const double t = double(bf16_to_f32(W[size_t(r) * H + k])) * xn[size_t(m) * H + k];
+        const double t = double(W[size_t(r) * H + k]) * xn[size_t(m) * H + k];
         o[r] += t;
         mag[r] += std::fabs(t);
       }
@@ -166,47 +176,63 @@ TEST(DecodeGemv, QkvRopeKvHeadDim16EightTokens) { check_qkv(8, 64, 8, 1, 16, fal
 TEST(DecodeGemv, QkvRopeKvOneTokenWithKvPrefetch) { check_qkv(1, 320, 16, 2, 64, true, true); }
 TEST(DecodeGemv, QkvRopeKvFp8Cache) { check_qkv(3, 320, 16, 2, 64, true, false, true); }
 TEST(DecodeGemv, QkvRopeKvFp8CacheOneTokenWithKvPrefetch) { check_qkv(1, 320, 16, 2, 64, true, true, true); }
+TEST(DecodeGemv, QkvRopeKvMxfp4Weights) {
+  check_qkv(3, 320, 16, 2, 64, true, false, false, DenseFormat::kMxfp4);
+  check_qkv(1, 320, 16, 2, 64, true, true, true, DenseFormat::kMxfp4);
+  check_qkv(8, 64, 8, 1, 16, false, false, false, DenseFormat::kMxfp4);
+}
+TEST(DecodeGemv, QkvRopeKvFp8Weights) {
+  check_qkv(3, 320, 16, 2, 64, true, false, false, DenseFormat::kFp8);
+  check_qkv(1, 320, 16, 2, 64, true, true, true, DenseFormat::kFp8);
+  check_qkv(8, 96, 8, 1, 16, false, false, false, DenseFormat::kFp8);
+}
 
-TEST(DecodeGemv, OProjAddsToResidual) {
+TEST(DecodeGemv, OProjAddsToResidualEveryFormat) {
   std::mt19937 rng(4);
-  const int M = 4, N = 72, K = 128;
-  auto W = random_bf16(size_t(N) * K, rng), b = random_bf16(N, rng), a = random_bf16(size_t(M) * K, rng);
-  auto x = random_f32(size_t(M) * N, rng);
-  DevBuf<uint16_t> dW(W), db(b), da(a);
-  DevBuf<float> dx(x);
-  cuda::bf16_o_proj_residual({da.p, dW.p, db.p, dx.p, M, N, K, {}}, 0);
-  auto got = dx.get();
-  for (int m = 0; m < M; ++m)
-    for (int r = 0; r < N; ++r) {
-      double ref = x[size_t(m) * N + r] + bf16_to_f32(b[r]), mag = 1;
-      for (int k = 0; k < K; ++k) {
-        const double t = double(bf16_to_f32(W[size_t(r) * K + k])) * bf16_to_f32(a[size_t(m) * K + k]);
-        ref += t;
-        mag += std::fabs(t);
-      }
-      ASSERT_NEAR(got[size_t(m) * N + r], ref, 1e-5 * mag);
+  for (auto [M, N, K] : {std::tuple{4, 72, 128}, std::tuple{8, 2880, 4096}, std::tuple{3, 40, 96}})
+    for (DenseFormat f : kDenseFormats) {
+      auto Wb = random_bf16(size_t(N) * K, rng), b = random_bf16(N, rng), a = random_bf16(size_t(M) * K, rng);
+      auto x = random_f32(size_t(M) * N, rng);
+      const DenseTestWeight tw(f, Wb, N, K);
+      DevBuf<uint16_t> db(b), da(a);
+      DevBuf<float> dx(x);
+      cuda::dense_o_proj_residual({da.p, tw.w, db.p, dx.p, M, N, K, {}}, 0);
+      auto got = dx.get();
+      for (int m = 0; m < M; ++m)
+        for (int r = 0; r < N; ++r) {
+          double ref = x[size_t(m) * N + r] + bf16_to_f32(b[r]), mag = 1;
+          for (int k = 0; k < K; ++k) {
+            const double t = double(tw.values[size_t(r) * K + k]) * bf16_to_f32(a[size_t(m) * K + k]);
+            ref += t;
+            mag += std::fabs(t);
+          }
+          ASSERT_NEAR(got[size_t(m) * N + r], ref, 1e-5 * mag) << format_name(f) << " N=" << N << " K=" << K;
+        }
     }
 }
 
 // One token: the o-proj as above plus the router's sums (OProjRouterParams), on the residual the kernel
 // wrote. The fixed-point sums round once per 16-row tile: 2^-29 each.
-void check_oproj_router(int N, int K, int E, uint64_t seed) {
+void check_oproj_router(int N, int K, int E, uint64_t seed, DenseFormat wf = DenseFormat::kBf16) {
+  SCOPED_TRACE(format_name(wf));
   std::mt19937 rng(seed);
-  auto W = random_bf16(size_t(N) * K, rng), b = random_bf16(N, rng), a = random_bf16(K, rng);
+  auto Wb = random_bf16(size_t(N) * K, rng), b = random_bf16(N, rng), a = random_bf16(K, rng);
   auto x = random_f32(N, rng, -4, 4);
   auto g = random_bf16(N, rng, 0.5f, 1.5f), R = random_bf16(size_t(E) * N, rng);
   const int tiles = cuda::oproj_router_tiles(N);
-  DevBuf<uint16_t> dW(W), db(b), da(a), dg(g), dR(R);
+  const DenseTestWeight tw(wf, Wb, N, K);
+  const std::vector<float>& W = tw.values;
+  DevBuf<uint16_t> db(b), da(a), dg(g), dR(R);
   DevBuf<float> dx(x), dss(tiles);
   DevBuf<long long> dacc(std::vector<long long>(E, 0));
   dss.poison();
-  cuda::bf16_o_proj_router_m1({{da.p, dW.p, db.p, dx.p, 1, N, K, {}}, dg.p, dR.p, dacc.p, dss.p, E}, 0);
+  cuda::dense_o_proj_router_m1({{da.p, tw.w, db.p, dx.p, 1, N, K, {}}, dg.p, dR.p, dacc.p, dss.p, E}, 0);
   auto h = dx.get(); auto ss = dss.get(); auto acc = dacc.get();
   double ss_ref = 0, ss_got = 0;
   for (int r = 0; r < N; ++r) {
     double ref = x[r] + bf16_to_f32(b[r]), mag = 1;
     for (int k = 0; k < K; ++k) {
-      const double t = double(bf16_to_f32(W[size_t(r) * K + k])) * bf16_to_f32(a[k]);
+      const double t = double(W[size_t(r) * K + k]) * bf16_to_f32(a[k]);
       ref += t;
       mag += std::fabs(t);
     }
@@ -227,6 +253,12 @@ void check_oproj_router(int N, int K, int E, uint64_t seed) {
 }
 TEST(DecodeGemv, OProjRouterOneTokenSums) { check_oproj_router(2880, 4096, 128, 21); }
 TEST(DecodeGemv, OProjRouterOneTokenSumsOddSizes) { check_oproj_router(37, 96, 20, 22); }
+TEST(DecodeGemv, OProjRouterOneTokenQuantizedWeights) {
+  for (DenseFormat f : {DenseFormat::kMxfp4, DenseFormat::kFp8}) {
+    check_oproj_router(2880, 4096, 128, 23, f);
+    check_oproj_router(37, 96, 20, 24, f);
+  }
+}
 
 TEST(DecodeGemv, RouterLogitsAndNormalizedRows) {
   std::mt19937 rng(5);
