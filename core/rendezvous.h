@@ -1,0 +1,30 @@
+// The multi-node rendezvous of tensor parallelism (--master-addr, --master-port): node 0 hands a blob
+// (NCCL's unique id) to every other node over TCP, so no file system or launcher is shared. A node that
+// does not come within the timeout fails every side with one line, instead of NCCL's init waiting forever.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mx {
+
+// Node 0's side: listens on `port` (0: any free port, see port()) of every interface.
+class RendezvousServer {
+ public:
+  explicit RendezvousServer(int port);
+  ~RendezvousServer();
+  RendezvousServer(const RendezvousServer&) = delete;
+  RendezvousServer& operator=(const RendezvousServer&) = delete;
+  int port() const { return port_; }
+  // Waits for nodes 1 .. nnodes - 1 (each once, in any order) and sends each the blob; fails when one is
+  // missing after timeout_s, or a connection names a node rank out of range or twice.
+  void serve(int nnodes, const std::string& blob, double timeout_s);
+
+ private:
+  int fd_ = -1, port_ = 0;
+};
+
+// Node `node_rank`'s side (>= 1): connects to addr:port, retrying until timeout_s (node 0 may start
+// later), and returns node 0's blob.
+std::string rendezvous_fetch(const std::string& addr, int port, int node_rank, double timeout_s);
+
+}  // namespace mx
