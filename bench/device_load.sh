@@ -13,8 +13,8 @@
 # SERVE_ARGS (extra serve flags), CLIENT_ARGS (sampling flags of the client, default "--temperature 0";
 # e.g. "--temperature 0.8 --top-p 0.9"), PROMPT_IDS (0: word prompts instead of token ids), TAG (suffix
 # of the file names), ENGINE (0: skip step 1 and use the engine_PTAG.json already in $OUT, if any),
-# KV_DTYPE (--kv-cache-dtype of bench and serve, default auto), DENSE_ARGS (--mxfp4-layers / --fp8-layers of
-# bench and serve, e.g. "--mxfp4-layers all").
+# KV_DTYPE (--kv-cache-dtype of bench and serve, default auto), ENGINE_ARGS (flags of bench and serve alike,
+# e.g. "--mxfp4-layers all" or "--tensor-parallel-size 2").
 # Run from the repo root: OUT=$OUT MXSERVE=.devrun/new/mxserve bash bench/device_load.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -37,7 +37,7 @@ for P in $MODELS; do
   [ "${ENGINE:-1}" = 0 ] && batches=
   while [ -n "$batches" ]; do
     if timeout 300 "$MXSERVE" bench --preset "$P" --pp 16 --tg 32 --depth $depth --batch "$batches" --reps 2 \
-        --gpu-memory-utilization 0.95 --kv-cache-dtype "${KV_DTYPE:-auto}" ${DENSE_ARGS:-} --json > "$OUT/engine_$N.json" 2> "$OUT/engine_$N.err"; then
+        --gpu-memory-utilization 0.95 --kv-cache-dtype "${KV_DTYPE:-auto}" ${ENGINE_ARGS:-} --json > "$OUT/engine_$N.json" 2> "$OUT/engine_$N.err"; then
       break
     fi
     batches=$(echo "$batches" | awk -F, '{OFS=","; NF--; print}')  # the largest batch did not fit
@@ -48,7 +48,7 @@ for P in $MODELS; do
   # 2. The server.
   "$MXSERVE" serve --dummy-weights "$P" --device cuda --max-model-len "${MAX_MODEL_LEN:-4096}" \
     --max-num-seqs "${MAX_NUM_SEQS:-256}" --max-num-batched-tokens "${MAX_BATCHED:-8192}" \
-    --gpu-memory-utilization "$GPU_MEM" --kv-cache-dtype "${KV_DTYPE:-auto}" ${DENSE_ARGS:-} --port 8011 ${SERVE_ARGS:-} > "$OUT/serve_$N.log" 2>&1 &
+    --gpu-memory-utilization "$GPU_MEM" --kv-cache-dtype "${KV_DTYPE:-auto}" ${ENGINE_ARGS:-} --port 8011 ${SERVE_ARGS:-} > "$OUT/serve_$N.log" 2>&1 &
   SP=$!
   python3 - <<'PY'
 import time, urllib.request

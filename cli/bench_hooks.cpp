@@ -8,14 +8,22 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_step.h"
 #include "kernels/engine/runner.h"
+#include "kernels/engine/tp_runner.h"
 
 namespace mx {
 namespace {
 // Per-op step trace capacity: a one-token layer launches ~1,540 CTAs; later records are dropped.
 constexpr size_t kOpTraceCtasPerLayer = 4096;
+
+
+// A tensor-parallel group's hooks reach rank 0 (the bench refuses the diagnostics that would desync it).
+CudaRunner& first_rank(CudaRunnerBase& r) {
+  if (auto* tp = dynamic_cast<TpRunner*>(&r)) return tp->rank(0);
+  return static_cast<CudaRunner&>(r);
+}
 }  // namespace
 
-CudaBenchHooks::CudaBenchHooks(CudaRunnerBase& runner) : r_(static_cast<CudaRunner&>(runner)) {}
+CudaBenchHooks::CudaBenchHooks(CudaRunnerBase& runner) : r_(first_rank(runner)) {}
 
 void CudaBenchHooks::changed() {
   r_.ahead_.active = false;

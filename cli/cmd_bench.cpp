@@ -33,6 +33,7 @@ struct BenchOptions {
   bool json = false, breakdown = false, no_graphs = false;
   float gpu_mem = 0.9f;
   FormatFlags formats;  // --kv-cache-dtype, --mxfp4-layers, --fp8-layers
+  TensorParallel tp;    // --tensor-parallel-size, ...
 };
 
 struct Stat { double mean = 0, sd = 0; };
@@ -224,13 +225,18 @@ void run_bench(const BenchOptions& o) {
   eo.decode_ahead = !o.no_decode_ahead;
   auto t0 = std::chrono::steady_clock::now();
   eo.use_graphs = !o.no_graphs;
+  eo.tp = o.tp;
+  if (o.tp.size > 1 && (o.breakdown || !o.step_trace.empty()))
+    fail("--breakdown and --step-trace profile one GPU's kernels; run them without --tensor-parallel-size");
   auto r = make_cuda_runner(eo);
   CudaBenchHooks hooks(*r);
   const auto ls = r->load_stats();
-  std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB (%s, %lld tokens), dense %s\n",
+  std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB (%s, %lld tokens), dense %s, "
+               "%d GPU%s\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ls.weight_bytes / 1e9,
                ls.upload_gbps, ls.kv_bytes / 1e9, eo.kv_fp8 ? "fp8 e4m3" : "bf16",
-               (long long)r->kv_shape().num_blocks * r->kv_shape().block_size, eo.dense.describe().c_str());
+               (long long)r->kv_shape().num_blocks * r->kv_shape().block_size, eo.dense.describe().c_str(), eo.tp.size,
+               eo.tp.size == 1 ? "" : "s (tensor parallel)");
   const double copy_gbps = measure_d2d_bandwidth_gbps(size_t(1) << 30);
   const int bs = eo.block_size, V = r->config().vocab_size;
   const int window = r->kv_shape().sliding_window;
@@ -364,7 +370,7 @@ void run_bench(const BenchOptions& o) {
       // under uniform routing.
       const DeviceShape shape = DeviceShape::of(r->config(), eo.dense);
       row.experts = expected_distinct_experts(shape, B);
-      if (B > 8) {
+      if (B > 8 && o.tp.size == 1) {  // (one rank profiled alone would leave the group's steps)
         set_steps(n);  // tk holds each row's next token; rows own blocks up to depth + max_tg
         hooks.set_profiling(true);
         r->step(steps, out);
@@ -386,7 +392,7 @@ void run_bench(const BenchOptions& o) {
                     (eo.kv_fp8 ? 1 : 2);
       row.bytes = step_weight_bytes(shape, row.experts * c.num_layers, B) / B + kv_bytes;
       row.gbps = row.bytes * row.tps.mean / 1e9;
-      row.pct = 100.0 * row.gbps / copy_gbps;
+      row.pct = 100.0 * row.gbps / (copy_gbps * eo.tp.size);  // tensor parallel: of every GPU's bandwidth
       rows.push_back(row);
     }
   const std::string model = o.model.empty() ? "dummy " + o.preset : o.model;
@@ -447,6 +453,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--reps", o->reps, "repetitions")->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-memory-utilization", o->gpu_mem, "fraction of GPU memory to use")->check(CLI::Range(0.05, 1.0));
   add_format_flags(cmd, &o->formats);
+  add_parallel_flags(cmd, &o->tp);
   cmd->add_option("--prefill-min-tokens", o->prefill_min_tokens,
                   "steps with at least this many tokens take the tensor-core prefill path (default: the engine's)");
   cmd->add_flag("--json", o->json, "JSON output");

@@ -26,6 +26,7 @@ struct GenerateOptions {
   float gpu_memory_utilization = 0.9f;
   int threads = 0;
   FormatFlags formats;  // --kv-cache-dtype, --mxfp4-layers, --fp8-layers
+  TensorParallel tp;    // --tensor-parallel-size, ...
 };
 
 // The CUDA engine takes a prompt in chunks of at most this many tokens per step.
@@ -41,7 +42,7 @@ std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, const Formats
                                    .max_model_len = blocks * kCudaBlockSize, .max_num_seqs = 1,
                                    .max_tokens_per_step = kCudaPrefillChunk, .num_kv_blocks = 2 * blocks,
                                    .vocab_limit = vocab_limit, .dummy_preset = {},
-                                   .kv_fp8 = fmt.kv_fp8, .dense = fmt.dense});
+                                   .kv_fp8 = fmt.kv_fp8, .dense = fmt.dense, .tp = o.tp});
   CpuRunnerOptions ro;
   ro.model_dir = o.model_dir;
   ro.num_threads = o.threads;
@@ -56,6 +57,7 @@ std::unique_ptr<ModelRunner> make_runner(const GenerateOptions& o, const Formats
 void run_generate(const GenerateOptions& o) {
   const Device dev = resolve_device(o.device);
   const Formats fmt = resolve_formats(o.formats);
+  check_parallel(o.tp, dev);
   log::info("generate: device {}", device_name(dev));
   auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
   std::vector<int32_t> prompt, stops;
@@ -144,6 +146,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
   cmd->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   add_format_flags(cmd, &o->formats);
+  add_parallel_flags(cmd, &o->tp);
   cmd->callback([o] { run_generate(*o); });
 }
 

@@ -31,6 +31,7 @@ struct ServeOptions {
   int max_prefill_tokens_with_decodes = 2048;  // runtime::EngineOptions
   double gpu_memory_utilization = 0.9;
   FormatFlags formats;  // --kv-cache-dtype, --mxfp4-layers, --fp8-layers
+  TensorParallel tp;    // --tensor-parallel-size, ...
   std::string device = "auto";
   int threads = 0;
   int kv_tokens = 16384;
@@ -88,7 +89,7 @@ LoadedRunner load_runner(const ServeOptions& o, const Formats& fmt, Device dev, 
                                         .max_tokens_per_step = o.max_num_batched_tokens,
                                         .vocab_limit = vocab_limit, .dummy_preset = o.dummy_weights,
                                         .decode_ahead = o.decode_ahead, .kv_fp8 = fmt.kv_fp8,
-                                        .dense = fmt.dense});
+                                        .dense = fmt.dense, .tp = o.tp});
   const KvCacheShape kv = runner->kv_shape();
   return {std::move(runner), std::min(max_model_len, max_sequence_tokens(kv, o.max_num_batched_tokens)),
           "--gpu-memory-utilization"};
@@ -97,6 +98,7 @@ LoadedRunner load_runner(const ServeOptions& o, const Formats& fmt, Device dev, 
 void run_serve(ServeOptions o) {
   const Device dev = resolve_device(o.device);
   const Formats fmt = resolve_formats(o.formats);
+  check_parallel(o.tp, dev);
   if (!o.dummy_weights.empty()) {
     if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
     if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");
@@ -188,6 +190,7 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization, "(CUDA only)")->capture_default_str()->check(CLI::Range(0.05, 1.0));
   add_format_flags(cmd, &o->formats);
+  add_parallel_flags(cmd, &o->tp);
   cmd->add_option("--kv-tokens", o->kv_tokens, "CPU: KV capacity in tokens")->capture_default_str()->check(CLI::Range(16, 1 << 24));
   cmd->add_option("--dummy-weights", o->dummy_weights, "serve random weights at a preset's shapes (20b|120b; CUDA, benchmarks)")
       ->check(CLI::IsMember({"20b", "120b"}));

@@ -53,6 +53,21 @@ void add_format_flags(CLI::App* cmd, FormatFlags* f) {
       ->capture_default_str();
 }
 
+void add_parallel_flags(CLI::App* cmd, TensorParallel* tp) {
+  cmd->add_option("--tensor-parallel-size", tp->size, "GPUs the model is split over (1, 2, 4, 8): one rank a GPU")
+      ->capture_default_str();
+  cmd->add_option("--nnodes", tp->nnodes, "hosts the ranks are spread over")->capture_default_str();
+  cmd->add_option("--node-rank", tp->node_rank, "this host's index among --nnodes")->capture_default_str();
+  cmd->add_option("--master-addr", tp->master_addr, "node 0's address (the ranks' rendezvous)")->capture_default_str();
+  cmd->add_option("--master-port", tp->master_port, "node 0's rendezvous port")->capture_default_str();
+}
+
+void check_parallel(const TensorParallel& tp, Device dev) {
+  if (dev == Device::kCpu && (tp.size != 1 || tp.nnodes != 1))
+    fail("--tensor-parallel-size {}: the CPU runner runs on one device; tensor parallelism needs the CUDA engine",
+         tp.size);
+}
+
 Formats resolve_formats(const FormatFlags& f) {
   return Formats{.kv_fp8 = f.kv_cache_dtype == "fp8", .dense = parse_dense_quant(f.mxfp4_layers, f.fp8_layers)};
 }
@@ -73,6 +88,7 @@ std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
   eo.decode_ahead = f.decode_ahead;
   eo.kv_fp8 = f.kv_fp8;
   eo.dense = f.dense;
+  eo.tp = f.tp;
   return make_cuda_runner(eo);
 #else
   (void)f;

@@ -5,6 +5,7 @@
 
 #include "model/dense_quant.h"
 #include "model/model_runner.h"
+#include "model/tensor_parallel.h"
 
 namespace CLI {
 class App;
@@ -32,6 +33,7 @@ struct CudaRunnerFlags {
   bool decode_ahead = true;     // CudaEngineOptions::decode_ahead
   bool kv_fp8 = false;          // --kv-cache-dtype fp8
   DenseQuant dense;             // --mxfp4-layers / --fp8-layers
+  TensorParallel tp;            // --tensor-parallel-size and the multi-node flags
 };
 constexpr int kCudaBlockSize = 16;
 
@@ -48,6 +50,11 @@ struct Formats {
   DenseQuant dense;
 };
 Formats resolve_formats(const FormatFlags& f);
+
+// --tensor-parallel-size, --nnodes, --node-rank, --master-addr, --master-port (serve, generate, bench).
+void add_parallel_flags(CLI::App* cmd, TensorParallel* tp);
+// One line when `dev` cannot run the group: the CPU runner is one device.
+void check_parallel(const TensorParallel& tp, Device dev);
 
 // The CUDA engine's runner; its kv_shape() is what the runtime's block pool must use.
 std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f);

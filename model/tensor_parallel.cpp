@@ -18,6 +18,12 @@ void check_tensor_parallel(const TensorParallel& tp, const ModelConfig& cfg) {
          tp.size, cfg.num_kv_heads);
   if (cfg.num_experts % tp.size)
     fail("--tensor-parallel-size {}: the model's {} experts do not split evenly", tp.size, cfg.num_experts);
+  if (cfg.intermediate_size % kInterUnit || cfg.intermediate_size / kInterUnit < tp.size)
+    fail("--tensor-parallel-size {}: the intermediate size {} does not split into {} slices of whole {}-column units",
+         tp.size, cfg.intermediate_size, tp.size, kInterUnit);
+  if (cfg.vocab_size % (8 * tp.size))
+    fail("--tensor-parallel-size {}: the vocabulary ({}) does not split into {} equal slices of whole 8-row units "
+         "(lm_head splits by vocabulary)", tp.size, cfg.vocab_size, tp.size);
 }
 
 Range split_range(int units, int parts, int i) {
@@ -40,7 +46,8 @@ ShardDims shard_dims(const ModelConfig& cfg, int rank, int size, MoeSplit moe) {
     d.inter = Range{0, cfg.intermediate_size};
   } else {
     d.experts = Range{0, cfg.num_experts};
-    d.inter = scaled(split_range(cfg.intermediate_size / 32, size, rank), 32);  // whole MXFP4 blocks of FC2's K
+    // Units of 64 columns: whole MXFP4 blocks of FC2's K, and the prefill MoE's K step.
+    d.inter = scaled(split_range(cfg.intermediate_size / kInterUnit, size, rank), kInterUnit);
   }
   d.vocab = scaled(split_range(cfg.vocab_size / 8, size, rank), 8);  // GEMM widths stay multiples of 8
   if (rank == size - 1) d.vocab.count = cfg.vocab_size - d.vocab.begin;  // a vocabulary not a multiple of 8

@@ -2,7 +2,7 @@
 // options as parsed once, their checks against a model, and which slice of each layer a rank holds.
 // Attention splits by KV-head group (a rank keeps whole groups: its query heads read only its KV heads),
 // the MoE by experts or by the intermediate dimension, lm_head by vocabulary. A split that does not divide
-// evenly gives the first ranks one unit more (units: heads, experts, 32-value MXFP4 blocks, 8 rows).
+// evenly gives the first ranks one unit more (units: heads, experts, 64 intermediate columns, 8 rows).
 #pragma once
 #include <string>
 
@@ -26,6 +26,8 @@ void check_tensor_parallel(const TensorParallel& tp, const ModelConfig& cfg);
 // How the experts are split: each rank holds E / size whole experts (expert parallel), or a slice of every
 // expert's intermediate dimension (tensor parallel).
 enum class MoeSplit { kExperts, kIntermediate };
+// The intermediate split's unit (columns): whole MXFP4 blocks, and the prefill MoE's 64-value K step.
+constexpr int kInterUnit = 64;
 
 // [begin, begin + count) of `units` split over `parts`, for part `i`: the first units % parts parts get
 // one more.

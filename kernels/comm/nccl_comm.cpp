@@ -111,16 +111,46 @@ NcclComm::~NcclComm() {
   if (comm_) lib().destroy(static_cast<ncclComm_t>(comm_));
 }
 
+// A non-blocking communicator may answer a call with ncclInProgress (connecting its channels on first
+// use); no further call may be made on it until it is ready.
+void NcclComm::ready(int r, const char* what) {
+  if (!comm_) fail("tensor parallelism: rank {} of {}: the communicator was aborted after an earlier failure", rank_, size_);
+  check(ncclResult_t(r), what);
+  if (r != ncclInProgress) return;
+  const NcclLib& l = need_lib();
+  const auto end = Clock::now() + std::chrono::seconds(120);
+  for (;;) {
+    ncclResult_t st = ncclSuccess;
+    l.async_error(static_cast<ncclComm_t>(comm_), &st);
+    if (st == ncclSuccess) return;
+    if (st != ncclInProgress || Clock::now() > end) {
+      l.abort(static_cast<ncclComm_t>(comm_));
+      comm_ = nullptr;
+      if (st != ncclInProgress) fail("NCCL {} on rank {} of {}: {}", what, rank_, size_, l.error_string(st));
+      fail("NCCL {} on rank {} of {}: not ready after 120 s; a peer has died or hangs", what, rank_, size_);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 void NcclComm::all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) {
-  check(lib().all_reduce(buf, buf, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), s), "all-reduce");
+  if (!comm_) ready(0, "all-reduce");
+  ready(lib().all_reduce(buf, buf, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), s), "all-reduce");
 }
 
 void NcclComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) {
-  check(lib().all_gather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(comm_), s), "all-gather");
+  if (!comm_) ready(0, "all-gather");
+  ready(lib().all_gather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(comm_), s), "all-gather");
+}
+
+void NcclComm::abort() {
+  if (comm_) lib().abort(static_cast<ncclComm_t>(comm_));
+  comm_ = nullptr;
 }
 
 void NcclComm::sync(cudaStream_t s, double timeout_s) {
   const NcclLib& l = need_lib();
+  if (!comm_) ready(0, "sync");
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   for (;;) {
     const cudaError_t q = cudaStreamQuery(s);

@@ -6,6 +6,7 @@
 #include "kernels/comm/peer_allreduce.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/error.h"
@@ -93,7 +94,9 @@ void PeerAllReduce::join(int rank) {
   mine.max_elems = max_elems_;
   ++joined_;
   cv_.notify_all();
-  cv_.wait(lk, [&] { return joined_ == world_; });
+  if (!cv_.wait_for(lk, std::chrono::seconds(120), [&] { return joined_ == world_ || failed_; }))
+    fail("tensor parallelism: rank {}: the other ranks did not set up their peer buffers within 120 s", rank);
+  if (failed_) fail("tensor parallelism: rank {}: another rank failed while setting up", rank);
   lk.unlock();
   for (int r = 0; r < world_; ++r) {
     const int peer = devices_[size_t(r)];
@@ -107,11 +110,18 @@ void PeerAllReduce::join(int rank) {
   }
 }
 
+void PeerAllReduce::abandon() {
+  std::lock_guard<std::mutex> lk(mu_);
+  failed_ = 1;
+  cv_.notify_all();
+}
+
 void PeerAllReduce::all_reduce_sum_f32(int rank, float* buf, size_t n, cudaStream_t s) const {
   if (n > max_elems_) throw_error("PeerAllReduce: " + std::to_string(n) + " values, at most " + std::to_string(max_elems_));
   if (n == 0) return;
-  const int ctas = int(std::min<size_t>(kPeerMaxCtas, (n + 4 * kThreads - 1) / (4 * kThreads)));
-  peer_allreduce_k<<<ctas, kThreads, 0, s>>>(views_[size_t(rank)], buf, n);
+  // Always every CTA (some with nothing to copy): their call counts stay equal, so a call's CTAs all use
+  // the same staging parity whatever the sizes of the calls before.
+  peer_allreduce_k<<<kPeerMaxCtas, kThreads, 0, s>>>(views_[size_t(rank)], buf, n);
   MX_CUDA(cudaGetLastError());
 }
 

@@ -37,6 +37,8 @@ class PeerAllReduce {
   // On rank `rank`'s device: allocates its buffers, waits for the other ranks, enables peer access to
   // theirs. Fails with one line when two devices cannot reach each other.
   void join(int rank);
+  // A rank that will never join (it failed): the ranks waiting in join() fail instead of waiting on.
+  void abandon();
   size_t max_elems() const { return max_elems_; }
   // In place, buf[i] = sum over ranks, n <= max_elems; every rank calls it with the same n in the same order.
   void all_reduce_sum_f32(int rank, float* buf, size_t n, cudaStream_t s) const;

@@ -10,7 +10,9 @@
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/engine/runner.h"
+#include "kernels/engine/tp_runner.h"
 #include "model/checkpoint.h"
+#include "model/shard_weights.h"
 #include "model/weights.h"
 
 namespace mx {
@@ -32,8 +34,9 @@ ModelConfig load_config(const CudaEngineOptions& opt) {
 
 }  // namespace
 
-CudaRunner::CudaRunner(const CudaEngineOptions& opt)
-    : opt_(opt), cfg_(load_config(opt)), model_(cfg_, opt.dense) {
+CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpComm* tp)
+    : opt_(opt), cfg_(load_config(opt)), model_(cfg_, DeviceShape::shard(cfg_, opt.dense, rank, opt.tp.size)) {
+  if (opt.tp.size > 1) check_tensor_parallel(opt.tp, cfg_);
   std::unique_ptr<Checkpoint> ckpt;
   if (!opt.dummy_weights) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opt.model_dir));
   MX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -44,7 +47,13 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt)
   size_t bytes = 0;
   const size_t scratch = dense_scratch_elems(model_.shape);
   if (opt.dummy_weights) model_.fill_dummy(opt.seed, stream_, act_.wdq, scratch);
-  else bytes = model_.upload(bind_weights(*ckpt, cfg_), stream_, act_.wdq, scratch);
+  else if (opt.tp.size == 1) bytes = model_.upload(bind_weights(*ckpt, cfg_), stream_, act_.wdq, scratch);
+  else {  // this rank's slices, cut on the host (shard_weights.h)
+    const ShardWeights sw = shard_weights(bind_weights(*ckpt, cfg_), cfg_,
+                                          shard_dims(cfg_, rank, opt.tp.size, MoeSplit::kIntermediate),
+                                          MoeSplit::kIntermediate, rank == 0);
+    bytes = model_.upload(sw.weights, stream_, act_.wdq, scratch);
+  }
   stats_.upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (bytes) {
     stats_.upload_gbps = bytes / stats_.upload_seconds / 1e9;
@@ -57,6 +66,7 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt)
   fo.flash_prefill_attention = opt.flash_prefill_attention;
   vocab_limit_ = opt.vocab_limit > 0 && opt.vocab_limit < cfg_.vocab_size ? opt.vocab_limit : cfg_.vocab_size;
   fo.vocab_limit = vocab_limit_;
+  fo.tp = tp;
   forward_ = std::make_unique<Forward>(model_, kv_, act_, fo, stream_, probe_);
   for (auto& e : done_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : copied_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -123,6 +133,7 @@ void DecodeGraphs::clear() {
 }
 
 std::unique_ptr<CudaRunnerBase> make_cuda_runner(const CudaEngineOptions& opt) {
+  if (opt.tp.size > 1 || opt.tp.nnodes > 1) return std::make_unique<TpRunner>(opt);
   return std::make_unique<CudaRunner>(opt);
 }
 

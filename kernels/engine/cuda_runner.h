@@ -8,6 +8,7 @@
 
 #include "model/dense_quant.h"
 #include "model/model_runner.h"
+#include "model/tensor_parallel.h"
 
 namespace mx {
 
@@ -39,6 +40,9 @@ struct CudaEngineOptions {
   // turn. A next step() that asks for something else leaves that step's results unread (wasted work).
   bool decode_ahead = true;
   bool use_graphs = true;  // decode steps of up to 8 sequences replay captured CUDA graphs
+  // --tensor-parallel-size and the rest (model/tensor_parallel.h): one GPU a rank, tp_runner.h.
+  TensorParallel tp;
+  double tp_step_timeout_s = 600;  // a rank whose step takes longer is taken for hung: the process exits
 };
 
 struct CudaLoadStats {
@@ -57,6 +61,7 @@ class CudaRunnerBase : public ModelRunner {
   virtual DecodeAheadStats decode_ahead_stats() const = 0;
 };
 
+// One GPU, or with opt.tp.size > 1 the ranks of a tensor-parallel group on this host's first GPUs.
 std::unique_ptr<CudaRunnerBase> make_cuda_runner(const CudaEngineOptions& opt);
 
 // Device copy bandwidth: a big cudaMemcpy D2D, (bytes read + written) / time, in GB/s.

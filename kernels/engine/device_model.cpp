@@ -28,6 +28,17 @@ DeviceShape DeviceShape::of(const ModelConfig& c, const DenseQuant& dense) {
   s.layers = c.num_layers; s.H = c.hidden_size; s.V = c.vocab_size;
   s.Hq = c.num_heads; s.Hkv = c.num_kv_heads; s.D = c.head_dim;
   s.E = c.num_experts; s.I = c.intermediate_size; s.top_k = c.experts_per_token;
+  s.head_rows = c.vocab_size;
+  return s;
+}
+
+DeviceShape DeviceShape::shard(const ModelConfig& c, const DenseQuant& dense, int rank, int size) {
+  DeviceShape s = of(c, dense);
+  if (size == 1) return s;
+  const ShardDims d = shard_dims(c, rank, size, MoeSplit::kIntermediate);
+  s.Hq = d.q_heads.count; s.Hkv = d.kv_heads.count; s.I = d.inter.count;
+  s.head_rows = d.vocab.count; s.head_row0 = d.vocab.begin;
+  s.tp_rank = rank; s.tp_size = size;
   return s;
 }
 
@@ -62,8 +73,8 @@ size_t LayerSizes::expert_bytes() const {
 }
 
 size_t lm_head_bytes(const DeviceShape& s) {
-  return dense_value_bytes(s.dense.lm_head, size_t(s.V), size_t(s.H)) +
-         dense_scale_bytes(s.dense.lm_head, size_t(s.V), size_t(s.H));
+  return dense_value_bytes(s.dense.lm_head, size_t(s.head_rows), size_t(s.H)) +
+         dense_scale_bytes(s.dense.lm_head, size_t(s.head_rows), size_t(s.H));
 }
 
 size_t dense_scratch_elems(const DeviceShape& s) {
@@ -87,17 +98,17 @@ double step_weight_bytes(const DeviceShape& s, double experts_read, int M) {
   return s.layers * dense + experts_read * expert + double(lm_head_bytes(s)) + double(s.H) * 2 * M;
 }
 
-DeviceModel::DeviceModel(const ModelConfig& c, const DenseQuant& dense) : cfg(c), shape(DeviceShape::of(c, dense)) {}
+DeviceModel::DeviceModel(const ModelConfig& c, const DeviceShape& s) : cfg(c), shape(s) {}
 
 size_t DeviceModel::arena_bytes() const {
-  const size_t V = shape.V, H = shape.H;
+  const size_t V = shape.V, H = shape.H, HR = shape.head_rows;
   const DenseFormat f = shape.dense.lm_head;
-  return align256(V * H * 2) + align256(dense_value_bytes(f, V, H)) + align256(dense_scale_bytes(f, V, H)) +
+  return align256(V * H * 2) + align256(dense_value_bytes(f, HR, H)) + align256(dense_scale_bytes(f, HR, H)) +
          align256(H * 2) + LayerSizes(shape).total() * shape.layers;
 }
 
 void DeviceModel::bind(uint8_t* arena) {
-  const size_t V = shape.V, H = shape.H;
+  const size_t V = shape.V, H = shape.H, HR = shape.head_rows;
   const LayerSizes ls(shape);
   uint8_t* w = arena;
   auto take = [&](size_t n) { uint8_t* p = w; w += align256(n); return p; };
@@ -110,7 +121,7 @@ void DeviceModel::bind(uint8_t* arena) {
   };
   const DenseFormat hf = shape.dense.lm_head;
   embed = t16(V * H * 2);
-  lm_head = dense(hf, dense_value_bytes(hf, V, H), dense_scale_bytes(hf, V, H));
+  lm_head = dense(hf, dense_value_bytes(hf, HR, H), dense_scale_bytes(hf, HR, H));
   final_norm = t16(H * 2);
   layers.resize(size_t(shape.layers));
   for (DeviceLayer& d : layers) {
@@ -122,6 +133,8 @@ void DeviceModel::bind(uint8_t* arena) {
   }
 }
 
+// Every rank of a tensor-parallel group draws the same seeds in the same order, so the tensors all ranks
+// hold whole (embedding, norms, router) are equal on every rank.
 void DeviceModel::fill_dummy(uint64_t seed0, cudaStream_t s, uint16_t* scratch, size_t scratch_elems) {
   const size_t H = shape.H, V = shape.V;
   uint64_t seed = seed0 * 1000003;
@@ -129,17 +142,19 @@ void DeviceModel::fill_dummy(uint64_t seed0, cudaStream_t s, uint16_t* scratch, 
     cuda::launch_fill_random_bf16(p, n, sc, off, ++seed, s);
   };
   // A dense matrix [N, K]: bf16 in place, or bf16 slices in the scratch quantized into place.
+  // One seed a matrix, whatever the number of slices.
   auto dense = [&](const cuda::DenseWeight& w, size_t N, size_t K, float sc) {
     if (w.fmt == DenseFormat::kBf16) return bf(const_cast<uint16_t*>(w.bf16()), N * K, sc);
+    const uint64_t base = ++seed;
     const size_t step = std::max<size_t>(1, scratch_elems / K);
     for (size_t r = 0; r < N; r += step) {
       const size_t n = std::min(step, N - r);
-      bf(scratch, n * K, sc);
+      cuda::launch_fill_random_bf16(scratch, n * K, sc, 0.f, base * 0x9E3779B97F4A7C15ull + r, s);
       cuda::quantize_dense_rows(scratch, int(n), int(K), writable(w), r, s);
     }
   };
   bf(embed, V * H, 1.0f);
-  dense(lm_head, V, H, 0.05f);
+  dense(lm_head, size_t(shape.head_rows), H, 0.05f);
   bf(final_norm, H, 0.1f, 1.0f);
   const LayerSizes ls(shape);
   for (auto& d : layers) {
@@ -196,7 +211,7 @@ size_t DeviceModel::upload(const ModelWeights& w, cudaStream_t s, uint16_t* scra
   const size_t H = shape.H, V = shape.V;
   const LayerSizes ls(shape);
   put(embed, w.embed, V * H * 2);
-  put_dense(lm_head, 0, w.lm_head, V, H);
+  put_dense(lm_head, 0, w.lm_head, size_t(shape.head_rows), H);
   put(final_norm, w.final_norm, H * 2);
   for (int l = 0; l < shape.layers; ++l) {
     const LayerWeights& L = w.layers[size_t(l)];
@@ -242,7 +257,7 @@ void DeviceModel::check_scales(unsigned long long* bad, cudaStream_t s) const {
     fail("checkpoint has {} MXFP4 expert scales above 2^1 (E8M0 > 128); the CUDA engine does not support them", n);
   MX_CUDA(cudaMemsetAsync(bad, 0, 8, s));
   const size_t H = shape.H;
-  if (lm_head.fmt == DenseFormat::kMxfp4) cuda::mxfp4_count_bad_scales(lm_head.mx_scales(), size_t(shape.V) * H / 32, bad, s);
+  if (lm_head.fmt == DenseFormat::kMxfp4) cuda::mxfp4_count_bad_scales(lm_head.mx_scales(), size_t(shape.head_rows) * H / 32, bad, s);
   for (const auto& d : layers) {
     if (d.qkv.fmt == DenseFormat::kMxfp4) cuda::mxfp4_count_bad_scales(d.qkv.mx_scales(), ls.qkv_sc, bad, s);
     if (d.o.fmt == DenseFormat::kMxfp4) cuda::mxfp4_count_bad_scales(d.o.mx_scales(), ls.o_sc, bad, s);

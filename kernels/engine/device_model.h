@@ -10,6 +10,7 @@
 #include "kernels/common/dense_weight.h"
 #include "model/config.h"
 #include "model/dense_quant.h"
+#include "model/tensor_parallel.h"
 
 namespace mx {
 
@@ -22,14 +23,18 @@ inline size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 // slice of the heads and of the experts, so the forward takes its sizes from here, never from
 // ModelConfig.
 struct DeviceShape {
-  int layers = 0, H = 0, V = 0;  // layers, hidden size, vocabulary
+  int layers = 0, H = 0, V = 0;  // layers, hidden size, vocabulary (embedding rows, the logits' width)
   int Hq = 0, Hkv = 0, D = 0;    // query heads, KV heads, head dim
   int E = 0, I = 0, top_k = 0;   // experts, intermediate size, experts per token
+  int head_rows = 0, head_row0 = 0;  // the lm_head rows held: vocabulary [head_row0, head_row0 + head_rows)
+  int tp_rank = 0, tp_size = 1;      // this GPU's rank among the tensor-parallel ones
   DenseQuant dense;              // formats of qkv, o-proj and lm_head (--mxfp4-layers, --fp8-layers)
   int q_dim() const { return Hq * D; }
   int kv_dim() const { return Hkv * D; }
   int qkv_dim() const { return (Hq + 2 * Hkv) * D; }
   static DeviceShape of(const ModelConfig& c, const DenseQuant& dense = {});
+  // Rank `rank` of `size` (model/tensor_parallel.h): its heads, intermediate slice and vocabulary rows.
+  static DeviceShape shard(const ModelConfig& c, const DenseQuant& dense, int rank, int size);
 };
 
 // One layer's weights (device pointers into the arena). q, k and v are one matrix, concatenated by
@@ -65,14 +70,16 @@ double step_weight_bytes(const DeviceShape& s, double experts_read, int M);
 
 class DeviceModel {
  public:
-  DeviceModel(const ModelConfig& cfg, const DenseQuant& dense);
+  // cfg: the whole model's; shape: DeviceShape::of or ::shard of it.
+  DeviceModel(const ModelConfig& cfg, const DeviceShape& shape);
   size_t arena_bytes() const;
   // Lays the tensors out in `arena` (arena_bytes() of device memory).
   void bind(uint8_t* arena);
   // Quantized matrices pass through `scratch` (bf16, scratch_elems >= one row of each): made or uploaded
   // in bf16 a slice of rows at a time, then quantized into the arena on the GPU (dense_quant.h).
   void fill_dummy(uint64_t seed, cudaStream_t s, uint16_t* scratch, size_t scratch_elems);
-  // Host -> device through two pinned staging buffers; returns the bytes copied.
+  // Host -> device through two pinned staging buffers; returns the bytes copied. A tensor-parallel rank
+  // uploads its shard_weights() (the layout is the same).
   size_t upload(const ModelWeights& w, cudaStream_t s, uint16_t* scratch, size_t scratch_elems);
   // The decode kernels fold the E8M0 scale into one bf16 multiply, which covers scales up to 2^1:
   // fails on a checkpoint with larger ones (experts, or dense rows quantized to MXFP4). scratch: 8 bytes

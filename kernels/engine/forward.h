@@ -2,14 +2,16 @@
 //   decode  (forward_decode.cpp)  M <= 8 tokens: six kernels a layer (five for one token), or from
 //           decode_step_min_tokens one persistent kernel for the whole step (decode_step.h);
 //   prefill (forward_prefill.cpp) more tokens: cuBLASLt GEMMs, the grouped MoE, flash attention.
-// The layer loops name their reduce points (after the attention's o-proj, after the experts): where
-// a tensor-parallel shard would sum its partial rows with the other GPUs'. On one GPU they are no-ops.
+// The layer loops name their reduce points (after the attention's o-proj, after the experts): a
+// tensor-parallel rank sums its partial rows with the other GPUs' there (docs/tensor_parallel.md). On one
+// GPU they are no-ops.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <vector>
 
+#include "kernels/comm/tp_comm.h"
 #include "kernels/engine/device_model.h"
 #include "kernels/engine/memory_plan.h"
 #include "kernels/engine/probe.h"
@@ -36,6 +38,7 @@ struct ForwardOptions {
   int decode_step_min_tokens = 6;       // CudaEngineOptions
   bool flash_prefill_attention = true;  // CudaEngineOptions
   int vocab_limit = 0;                  // ids >= this are never picked
+  const cuda::TpComm* tp = nullptr;     // the tensor-parallel group (null on one GPU)
 };
 
 class Forward {
@@ -72,9 +75,15 @@ class Forward {
   DecodeRowSplits decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs, int n_decode) const;
   double kv_bytes_read(const StepView& st, const std::vector<SeqRows>& seqs, int l) const;
   void final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
-  // Tensor-parallel reduce points (see the top of this file).
-  void reduce_after_attention(int layer) { (void)layer; }
-  void reduce_after_experts(int layer) { (void)layer; }
+  // Tensor parallelism (docs/tensor_parallel.md). A rank other than 0 adds its partial o-proj and expert
+  // outputs to zeros, not to the residual, so the sum over ranks holds the residual once.
+  bool tp() const { return opt_.tp && opt_.tp->size > 1; }
+  void zero_unless_rank0(float* rows, size_t n);
+  // The reduce points: the residual after the o-proj, the experts' outputs (decode: the per-slot rows).
+  void reduce_after_attention(float* x, size_t n);
+  void reduce_after_experts(float* y, size_t n);
+  // The lm_head over this rank's vocabulary rows, gathered into logits [S, V].
+  void lm_head(float* logits, int s0, int S);
   void mark(const char* name, double bytes) { probe_.mark(name, bytes, stream_); }
 
   const DeviceModel& model_;

@@ -44,8 +44,9 @@ Forward::~Forward() {
 
 void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_token_per_seq) {
   // The profile and the skipped kinds need the per-op launches; the persistent step takes one format for
-  // qkv and o-proj.
-  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip && shape_.dense.qkv == shape_.dense.o) {
+  // qkv and o-proj, and has no reduce points.
+  if (M >= opt_.decode_step_min_tokens && !probe_.profiling && !probe_.skip && shape_.dense.qkv == shape_.dense.o &&
+      !tp()) {
     decode_persistent(st, t0, M, one_token_per_seq);
     if (S > 0) final_logits(st, cuda::decode_step_output(act_.xa, act_.xb, shape_.layers), act_.ysl,
                             st.dev->srow_local + s0, s0, S);
@@ -54,8 +55,8 @@ void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_
   probe_.reset_op_cursor(stream_);
   if (probe_.trace) probe_.trace_kind = 2;
   // One token on the FP8 expert path: the router runs inside the o-proj (dense_o_proj_router_m1),
-  // whose integer sums start from zero.
-  const DecodeRows r{&st, t0, M, one_token_per_seq, cuda::mxfp4_moe_one_token_fp8(M)};
+  // whose integer sums start from zero; not under tensor parallelism, where it needs the summed rows.
+  const DecodeRows r{&st, t0, M, one_token_per_seq, cuda::mxfp4_moe_one_token_fp8(M) && !tp()};
   if (r.fused_router)
     MX_CUDA(cudaMemsetAsync(act_.route_acc, 0, size_t(shape_.layers) * shape_.E * sizeof(long long), stream_));
   cuda::launch_embed_bf16(model_.embed, st.dev->tok + t0, act_.xa, M, shape_.H, stream_, act_.picked + t0);
@@ -73,10 +74,10 @@ void Forward::decode_layers(const DecodeRows& r) {
     qkv_rope_kv(r, l, x, y, x_next);
     attention(r, l);
     o_proj(r, l, x_next);
-    reduce_after_attention(l);
+    reduce_after_attention(x_next, size_t(r.M) * shape_.H);
     if (!r.fused_router) router(r, l, x_next);
     experts(r, l, x_next);
-    reduce_after_experts(l);
+    reduce_after_experts(act_.ysl, size_t(r.M) * shape_.top_k * shape_.H);
     std::swap(x, x_next);
     y = act_.ysl;
   }
@@ -132,6 +133,7 @@ void Forward::o_proj(const DecodeRows& r, int l, float* x_next) {
   const DeviceLayer& L = model_.layers[size_t(l)];
   const LayerSizes& ls = sizes_;
   const cuda::OProjParams op{act_.attn, L.o, L.o_b, x_next, r.M, shape_.H, shape_.q_dim(), probe_.op_trace(l)};
+  zero_unless_rank0(x_next, size_t(r.M) * shape_.H);
   if (r.fused_router) {
     if (!probe_.skips(kDecodeOProj))
       cuda::dense_o_proj_router_m1(
@@ -179,6 +181,50 @@ void Forward::experts(const DecodeRows& r, int l, float* x_next) {
   mark("moe_fc2", touched * double(ls.down_blocks + ls.down_scales + ls.down_bias));
 }
 
+// logits [S, V] of rows s0.. (act_.xs): this GPU's vocabulary rows, then on a tensor-parallel rank every
+// rank's slice gathered (in place into logits_tp, [ranks][S][slice]) and laid out row by row.
+void Forward::lm_head(float* logits, int s0, int S) {
+  const int H = shape_.H, V = shape_.V, R = shape_.head_rows;
+  float* out = tp() ? act_.logits_tp + size_t(opt_.tp->rank) * S * R : logits;  // [S, R]
+  if (S <= cuda::kDecodeMaxTokens) {
+    cuda::dense_lm_head(act_.xs + size_t(s0) * H, model_.lm_head, out, S, R, H, stream_);
+  } else {  // many rows: tensor-core GEMMs read the head once
+    cuda::GemmBf16Params g;
+    g.x = act_.xs + size_t(s0) * H; g.y_f32 = true; g.M = S; g.K = H;
+    if (model_.lm_head.fmt == DenseFormat::kBf16) {
+      g.w = model_.lm_head.bf16(); g.y = out; g.N = R;
+      cuda::gemm_bf16(gemm_, g, stream_);
+    } else {  // a quantized head: slices of vocabulary rows widened to bf16 in the scratch, each a GEMM
+      const int step = std::max(8, int(dense_scratch_elems(shape_) / size_t(H)) & ~7);  // N % 8 for cuBLASLt
+      g.w = act_.wdq; g.ldy = R;
+      for (int v0 = 0; v0 < R; v0 += step) {
+        g.N = std::min(step, R - v0);
+        g.y = out + v0;
+        cuda::dequantize_dense_rows(model_.lm_head, size_t(v0), g.N, H, act_.wdq, stream_);
+        cuda::gemm_bf16(gemm_, g, stream_);
+      }
+    }
+  }
+  if (!tp()) return;
+  const size_t slice = size_t(S) * R;
+  opt_.tp->all_gather(out, act_.logits_tp, slice * 4, stream_);
+  for (int q = 0; q < opt_.tp->size; ++q)
+    MX_CUDA(cudaMemcpy2DAsync(logits + size_t(q) * R, size_t(V) * 4, act_.logits_tp + size_t(q) * slice, size_t(R) * 4,
+                              size_t(R) * 4, size_t(S), cudaMemcpyDeviceToDevice, stream_));
+}
+
+void Forward::zero_unless_rank0(float* rows, size_t n) {
+  if (tp() && opt_.tp->rank != 0) MX_CUDA(cudaMemsetAsync(rows, 0, n * 4, stream_));
+}
+
+void Forward::reduce_after_attention(float* x, size_t n) {
+  if (tp()) opt_.tp->all_reduce_sum_f32(x, n, stream_);
+}
+
+void Forward::reduce_after_experts(float* y, size_t n) {
+  if (tp()) opt_.tp->all_reduce_sum_f32(y, n, stream_);
+}
+
 // The whole step in one cooperative kernel (decode_step.h). It has no reduce points between its
 // layers, so a tensor-parallel engine runs the per-op path.
 void Forward::decode_persistent(const StepView& st, int t0, int M, bool one_token_per_seq) {
@@ -215,25 +261,7 @@ void Forward::final_logits(const StepView& st, const float* x, const float* y_sl
                            act_.xs + size_t(s0) * H, S, H, stream_);
   mark("final_norm", 0);
   float* logits = act_.logits + size_t(s0) * V;
-  if (S <= cuda::kDecodeMaxTokens) {
-    cuda::dense_lm_head(act_.xs + size_t(s0) * H, model_.lm_head, logits, S, V, H, stream_);
-  } else {  // many rows: tensor-core GEMMs read the head once
-    cuda::GemmBf16Params g;
-    g.x = act_.xs + size_t(s0) * H; g.y_f32 = true; g.M = S; g.K = H;
-    if (model_.lm_head.fmt == DenseFormat::kBf16) {
-      g.w = model_.lm_head.bf16(); g.y = logits; g.N = V;
-      cuda::gemm_bf16(gemm_, g, stream_);
-    } else {  // a quantized head: slices of vocabulary rows widened to bf16 in the scratch, each a GEMM
-      const int step = std::max(8, int(dense_scratch_elems(shape_) / size_t(H)) & ~7);  // N % 8 for cuBLASLt
-      g.w = act_.wdq; g.ldy = V;
-      for (int v0 = 0; v0 < V; v0 += step) {
-        g.N = std::min(step, V - v0);
-        g.y = logits + v0;
-        cuda::dequantize_dense_rows(model_.lm_head, size_t(v0), g.N, H, act_.wdq, stream_);
-        cuda::gemm_bf16(gemm_, g, stream_);
-      }
-    }
-  }
+  lm_head(logits, s0, S);
   mark("lm_head", double(lm_head_bytes(shape_)));
   cuda::launch_argmax_logprob(logits, S, V, opt_.vocab_limit, reinterpret_cast<int32_t*>(st.results) + s0,
                               st.results + st.num_sampled + s0, act_.argmax_part, stream_, st.dev->inv_temp + s0,

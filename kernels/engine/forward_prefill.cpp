@@ -78,9 +78,10 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
       }
     }
     if (probe_.profiling) mark(sw ? "attention_sliding" : "attention_full", kv_bytes_read(st, seqs, l));
+    zero_unless_rank0(a.xa, size_t(M) * H);
     gemm(a.attn, L.o, L.o_b, a.xa, H, d.q_dim(), true);
     mark("o_gemm_residual", double(ls.o_w + ls.o_sc));
-    reduce_after_attention(l);
+    reduce_after_attention(a.xa, size_t(M) * H);
     cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.mlp_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("mlp_norm", 0);
     gemm(a.xn, cuda::bf16_weight(L.router_w), L.router_b, a.router, E, H, false);
@@ -108,9 +109,10 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     g.N = H; g.K = I;
     cuda::moe_fc2_prefill(g, s);
     probe_.mark_experts("moe_fc2_prefill", double(ls.down_blocks + ls.down_scales + ls.down_bias) / E, l, s);
+    zero_unless_rank0(a.xa, size_t(M) * H);
     cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s);
     mark("moe_combine", 0);
-    reduce_after_experts(l);
+    reduce_after_experts(a.xa, size_t(M) * H);
   }
   if (S > 0) final_logits(st, a.xa, nullptr, m.srow, 0, S);
 }

@@ -31,6 +31,7 @@ struct Activations {
   unsigned long long* attn_mma_part;     // attention_decode_mma's tagged partials (max(8, S) rows)
   int32_t* picked;                       // [S] the last step's picks on the device (decode ahead's input)
   uint16_t* wdq;                         // bf16 scratch of quantized dense weights (dense_scratch_elems)
+  float* logits_tp;                      // tensor parallel: every rank's vocabulary slice [ranks][S][slice]
 };
 
 // One step's metadata: int32 token arrays, then (8-byte aligned) the sampled rows' keys and filters,

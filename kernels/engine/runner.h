@@ -72,7 +72,8 @@ class DecodeGraphs {
 
 class CudaRunner final : public CudaRunnerBase {
  public:
-  explicit CudaRunner(const CudaEngineOptions& opt);
+  // rank / tp: this GPU's place in a tensor-parallel group (tp_runner.h); rank 0 and null on one GPU.
+  explicit CudaRunner(const CudaEngineOptions& opt, int rank = 0, const cuda::TpComm* tp = nullptr);
   ~CudaRunner() override;
 
   const ModelConfig& config() const override { return cfg_; }

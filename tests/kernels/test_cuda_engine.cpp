@@ -12,6 +12,7 @@
 
 #include "core/bf16.h"
 #include "core/parallel.h"
+#include "kernels/comm/nccl_comm.h"
 #include "kernels/decode/decode_kernels.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/engine/cuda_runner.h"
@@ -183,7 +184,7 @@ mx::CudaEngineOptions small_options(const std::string& dir, int nseq, int len, i
 
 E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
                   int prefill_min_tokens = 1 << 30, bool flash = true, bool fp8 = false, int step_min_tokens = 6,
-                  const mx::DenseQuant& dense = {}) {
+                  const mx::DenseQuant& dense = {}, int tp = 1) {
   const std::string dir = e2e_fixture(preset);
   mx::ModelConfig cfg = mx::load_model_config(dir);
   mx::Checkpoint ck = mx::Checkpoint::open(dir);
@@ -202,6 +203,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   opt.kv_fp8 = fp8;
   opt.decode_step_min_tokens = step_min_tokens;
   opt.dense = dense;
+  opt.tp.size = tp;
   auto gpu = mx::make_cuda_runner(opt);
 
   std::vector<std::vector<int32_t>> toks(nseq, std::vector<int32_t>(N));
@@ -272,8 +274,8 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
       }
     }
   }
-  std::printf("[%s e2e, %d seqs, graphs %d, prefill >= %d tokens, flash %d, kv %s, %s] worst relative L2 of logits %.3e (first step %.3e), argmax agreement %d/%d, %d positions over %.2g\n",
-              preset, nseq, int(graphs), prefill_min_tokens, int(flash), fp8 ? "fp8" : "bf16", dense.describe().c_str(), res.worst,
+  std::printf("[%s e2e, %d seqs, graphs %d, prefill >= %d tokens, flash %d, kv %s, %s, %d GPU] worst relative L2 of logits %.3e (first step %.3e), argmax agreement %d/%d, %d positions over %.2g\n",
+              preset, nseq, int(graphs), prefill_min_tokens, int(flash), fp8 ? "fp8" : "bf16", dense.describe().c_str(), tp, res.worst,
               res.worst_first, res.agree, res.total, res.over, tol);
   return res;
 }
@@ -372,6 +374,35 @@ TEST(CudaRunner, MiniMxfp4DenseLayersWideDecodeStepsMatchCpuReference) {
 }
 TEST(CudaRunner, MiniFp8KvCacheWideDecodeStepsRegisterAttentionMatchCpuReference) {
   expect_fp8_e2e(run_e2e("mini", 16, 4, 5, true, 3e-1, 9, false, true));
+}
+
+// Tensor parallelism over two GPUs (tp_runner.h): mini split by KV head (one each), by intermediate
+// columns (128 + 64) and by vocabulary, against the same CPU reference and tolerance as one GPU (the sums
+// over ranks reorder fp32 additions only). The prefill path (first step), graph decode steps of 3 and 8
+// tokens (per-op launches: no persistent step under tensor parallelism), the one-token path, and wide
+// decode steps on the prefill path.
+bool two_gpus_with_nccl() {
+  int n = 0;
+  std::string why;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) return false;
+  return mx::cuda::nccl_available(&why);
+}
+TEST(TensorParallel, MiniTwoGpusMatchCpuReference) {
+  if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  auto r = run_e2e("mini", 3, 40, 3, true, 1e-1, 1 << 30, true, false, 6, {}, 2);
+  EXPECT_EQ(r.agree, r.total);
+  r = run_e2e("mini", 8, 5, 4, true, 1e-1, 1 << 30, true, false, 6, {}, 2);
+  EXPECT_EQ(r.agree, r.total);
+  r = run_e2e("mini", 1, 9, 6, true, 1e-1, 1 << 30, true, false, 6, {}, 2);
+  EXPECT_EQ(r.agree, r.total);
+  r = run_e2e("mini", 12, 5, 3, true, 1e-1, 9, true, false, 6, {}, 2);  // 12 decode rows: the prefill path
+  EXPECT_EQ(r.agree, r.total);
+}
+TEST(TensorParallel, MiniTwoGpusQuantizedLayersAndFp8Cache) {
+  if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  expect_dense_e2e(run_e2e("mini", 3, 40, 3, true, 1e-1, 1 << 30, true, false, 6,
+                           mx::parse_dense_quant("all", "none"), 2));
+  expect_fp8_e2e(run_e2e("mini", 3, 40, 3, true, 2e-1, 1 << 30, true, true, 6, {}, 2));
 }
 
 // The decode paths: six launches per layer, and the persistent step (one kernel, work items behind

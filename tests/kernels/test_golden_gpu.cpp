@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/mmap_file.h"
+#include "kernels/comm/nccl_comm.h"
 #include "kernels/engine/cuda_runner.h"
 #include "tests/kernels/gpu_test_util.h"
 #include "tests/model/golden_fixture.h"
@@ -36,7 +37,7 @@ using nlohmann::json;
 // prefill path; its last position is checked), then one token per step (the decode path reading the
 // KV cache the prefill wrote).
 void check_gpu_golden(const char* name, int prefill_first = 0, bool fp8 = false, const mx::DenseQuant& dense = {},
-                      double dense_tol = 0) {
+                      double dense_tol = 0, int tp = 1) {
   const double tol = dense.any() ? dense_tol : !fp8 ? 3e-2 : std::string(name) == "tiny.json" ? 4.5e-2 : 1.15e-1;
   const fs::path path = fs::path(MX_SOURCE_DIR) / "tests/data/goldens" / name;
   if (!fs::exists(path)) GTEST_SKIP() << path << " is missing";
@@ -59,6 +60,7 @@ void check_gpu_golden(const char* name, int prefill_first = 0, bool fp8 = false,
     opt.keep_logits = true;
     opt.kv_fp8 = fp8;
     opt.dense = dense;
+    opt.tp.size = tp;
     auto gpu = mx::make_cuda_runner(opt);
     const int nb = opt.max_model_len / 16;
     std::vector<int32_t> table(nb);
@@ -105,8 +107,8 @@ void check_gpu_golden(const char* name, int prefill_first = 0, bool fp8 = false,
   }
   if (temporary) fs::remove_all(dir);
   const double rel = std::sqrt(num / den);
-  std::printf("[gpu golden %s, first step %d tokens, kv %s, %s] positions %d, max abs err %.3g, rel L2 %.3g, greedy mismatches (not near ties) %d, near-tie swaps %d\n",
-              name, prefill_first, fp8 ? "fp8" : "bf16", dense.describe().c_str(), positions, max_abs, rel, mismatches, swaps - mismatches);
+  std::printf("[gpu golden %s, first step %d tokens, kv %s, %s, %d GPU] positions %d, max abs err %.3g, rel L2 %.3g, greedy mismatches (not near ties) %d, near-tie swaps %d\n",
+              name, prefill_first, fp8 ? "fp8" : "bf16", dense.describe().c_str(), tp, positions, max_abs, rel, mismatches, swaps - mismatches);
   EXPECT_LE(rel, tol);
   if (!fp8 && !dense.any()) {
     EXPECT_EQ(mismatches, 0);
@@ -121,6 +123,16 @@ TEST(GoldenLogitsGpu, TinyFp8KvCache) { check_gpu_golden("tiny.json", 0, true); 
 TEST(GoldenLogitsGpu, TinyPrefillStepFp8KvCache) { check_gpu_golden("tiny.json", 64, true); }
 TEST(GoldenLogitsGpu, Width120bTwoLayersFp8KvCache) { check_gpu_golden("w120_l2.json", 0, true); }
 TEST(GoldenLogitsGpu, Width120bPrefillStepFp8KvCache) { check_gpu_golden("w120_l2.json", 64, true); }
+// Tensor parallelism over two GPUs at gpt-oss's widths (4 KV heads, 1,472 / 1,408 intermediate columns and
+// half the vocabulary a rank): the one-GPU tolerance, decode and prefill steps.
+TEST(GoldenLogitsGpu, Width120bTwoLayersTwoGpus) {
+  int n = 0;
+  std::string why;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2 || !mx::cuda::nccl_available(&why))
+    GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  check_gpu_golden("w120_l2.json", 0, false, {}, 0, 2);
+  check_gpu_golden("w120_l2.json", 64, false, {}, 0, 2);
+}
 TEST(GoldenLogitsGpu, TinyMxfp4DenseLayers) {
   check_gpu_golden("tiny.json", 0, false, mx::parse_dense_quant("all", "none"), 0.275);
   check_gpu_golden("tiny.json", 64, false, mx::parse_dense_quant("all", "none"), 0.275);

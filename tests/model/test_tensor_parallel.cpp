@@ -31,10 +31,14 @@ TEST(TensorParallel, ChecksNameTheFlag) {
   odd.num_kv_heads = 6;
   odd.num_heads = 48;
   EXPECT_NE(error_of(TensorParallel{.size = 4}, odd).find("6 KV heads"), std::string::npos);
+  ModelConfig vocab = c;
+  vocab.vocab_size += 8;  // slices of 8 rows, but not equal ones over 2 ranks
+  EXPECT_NE(error_of(TensorParallel{.size = 2}, vocab).find("vocabulary"), std::string::npos);
   for (const char* p : {"120b", "20b"}) {
     const std::string e = error_of(TensorParallel{.size = 8}, preset_config(p));
     EXPECT_EQ(e, "") << p;
   }
+  EXPECT_EQ(error_of(TensorParallel{.size = 2}, preset_config("mini")), "");  // the GPU tests' model
 }
 
 TEST(TensorParallel, RangesCoverEveryUnitOnce) {
@@ -64,8 +68,8 @@ TEST(TensorParallel, ShardsTileTheModel) {
           EXPECT_EQ(d.kv_heads.begin, kv);
           EXPECT_EQ(d.q_heads.count, d.kv_heads.count * c.num_heads / c.num_kv_heads);  // whole groups
           EXPECT_EQ(d.vocab.begin, v);
-          EXPECT_EQ(d.inter.count % 32, 0) << p << " size " << size;  // whole MXFP4 blocks
-          EXPECT_EQ(d.vocab.count % 8, 0);
+          EXPECT_EQ(d.inter.count % kInterUnit, 0) << p << " size " << size;  // whole MXFP4 blocks, MoE K steps
+          EXPECT_EQ(d.vocab.count, c.vocab_size / size);  // equal slices: the logits are all-gathered
           q += d.q_heads.count;
           kv += d.kv_heads.count;
           v += d.vocab.count;

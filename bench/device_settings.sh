@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the quantized dense layers (--mxfp4-layers / --fp8-layers): `mxserve bench` of one
-# build under each setting in turn, per model, on the same GPU. Logs go to $OUT (one file a model).
+# `mxserve bench` of one build under each of several flag sets in turn, per model, on the same machine: the
+# quantized dense layers (the default sets), or e.g. SETTINGS="--tensor-parallel-size 1;--tensor-parallel-size 2".
+# Logs go to $OUT (one file a model).
 #   BIN       mxserve in $BIN/new/ (optionally gzipped) and lib/ (default .devrun), as device_ab.sh
 #   MODELS    presets (default: 120b 20b)
 #   SETTINGS  ;-separated flag sets (default: none, qkv,o, lm_head and all, MXFP4 then FP8)
@@ -14,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 DEFAULT="--mxfp4-layers none;--mxfp4-layers qkv,o;--mxfp4-layers lm_head;--mxfp4-layers all;--fp8-layers qkv,o;--fp8-layers lm_head;--fp8-layers all"
 IFS=';' read -r -a sets <<< "${SETTINGS:-$DEFAULT}"
 for m in ${MODELS:-120b 20b}; do
-  log="$OUT/dense_$m.log"
+  log="$OUT/settings_$m.log"
   for s in "${sets[@]}"; do
     echo "== $m $s" | tee -a "$log"
     n=$(wc -l < "$log")

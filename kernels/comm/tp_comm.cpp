@@ -1,0 +1,19 @@
+#include "kernels/comm/tp_comm.h"
+
+#include "kernels/comm/nccl_comm.h"
+#include "kernels/comm/peer_allreduce.h"
+
+namespace mx::cuda {
+
+void TpComm::all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) const {
+  if (size == 1 || n == 0) return;
+  if (peer && n <= peer->max_elems()) return peer->all_reduce_sum_f32(rank, buf, n, s);
+  nccl->all_reduce_sum_f32(buf, n, s);
+}
+
+void TpComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) const {
+  if (size == 1 || bytes == 0) return;
+  nccl->all_gather(send, recv, bytes, s);
+}
+
+}  // namespace mx::cuda

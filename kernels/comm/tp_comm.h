@@ -1,0 +1,26 @@
+// The collectives of one tensor-parallel rank, as the forward calls them: sums of fp32 rows (the reduce
+// points after the o-proj and after the experts) and the gather of the vocabulary slices' logits. Small
+// sums go to the one-shot peer all-reduce (decode steps), the rest to NCCL. Everything is enqueued on the
+// step's stream, so CUDA graphs capture it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+namespace mx::cuda {
+
+class NcclComm;
+class PeerAllReduce;
+
+struct TpComm {
+  int rank = 0, size = 1;
+  NcclComm* nccl = nullptr;
+  const PeerAllReduce* peer = nullptr;  // null: NCCL for every size (no peer access between the GPUs)
+
+  // In place, buf[i] = the sum over ranks; every rank calls it with the same n in the same order.
+  void all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) const;
+  // recv = every rank's `bytes`, in rank order; send may be recv + rank * bytes (in place).
+  void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) const;
+};
+
+}  // namespace mx::cuda
