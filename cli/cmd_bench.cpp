@@ -229,6 +229,10 @@ void run_bench(const BenchOptions& o) {
   if (o.tp.size > 1 && (o.breakdown || !o.step_trace.empty()))
     fail("--breakdown and --step-trace profile one GPU's kernels; run them without --tensor-parallel-size");
   auto r = make_cuda_runner(eo);
+  if (o.tp.node_rank > 0) {  // started with node 0's flags: its GPUs run node 0's steps
+    run_remote_steps(*r);
+    return;
+  }
   CudaBenchHooks hooks(*r);
   const auto ls = r->load_stats();
   std::fprintf(stderr, "loaded in %.2f s (weights %.2f GB, upload %.2f GB/s), KV %.2f GB (%s, %lld tokens), dense %s, "

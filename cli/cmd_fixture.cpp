@@ -11,7 +11,7 @@ void add_fixture_command(CLI::App& app) {
   auto opt = std::make_shared<FixtureOptions>();
   auto shard_gb = std::make_shared<double>(4.0);
   auto* cmd = app.add_subcommand("fixture", "Write a random-weight gpt-oss checkpoint in the exact Hugging Face layout");
-  cmd->add_option("--preset", opt->preset, "tiny|20b|120b")->capture_default_str()->check(CLI::IsMember({"tiny", "20b", "120b"}));
+  cmd->add_option("--preset", opt->preset, "tiny|mini|20b|120b (mini: the GPU tests' model, head_dim 64, 2 KV heads)")->capture_default_str()->check(CLI::IsMember({"tiny", "mini", "20b", "120b"}));
   cmd->add_option("--layers", opt->num_layers, "override the number of layers");
   cmd->add_option("--experts", opt->num_experts, "override the number of experts");
   cmd->add_option("--seed", opt->seed, "random seed (same seed, same bytes)")->capture_default_str();

@@ -74,6 +74,10 @@ void run_generate(const GenerateOptions& o) {
   if (prompt.empty()) fail("the prompt is empty");
 
   std::unique_ptr<ModelRunner> runner_ptr = make_runner(o, fmt, dev, int(prompt.size()) + o.max_tokens, tok->vocab_size());
+  if (o.tp.node_rank > 0) {  // started with node 0's flags: its GPUs run node 0's steps
+    run_node_steps(*runner_ptr);
+    return;
+  }
   ModelRunner& runner = *runner_ptr;
   const ModelConfig& cfg = runner.config();
   if (!o.chat) stops = cfg.eos_token_ids;

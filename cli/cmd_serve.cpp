@@ -114,6 +114,15 @@ void run_serve(ServeOptions o) {
   if (o.srv.model_name.empty()) o.srv.model_name = std::filesystem::path(o.model_dir).filename().string();
   if (o.srv.model_name.empty()) o.srv.model_name = o.model_dir;
 
+  if (o.tp.node_rank > 0) {  // a node other than 0 serves nothing: its GPUs run node 0's steps
+    auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
+    LoadedRunner loaded = load_runner(o, fmt, dev, tok->vocab_size());
+    log::info("node {} of {}: running node 0's steps ({}:{})", o.tp.node_rank, o.tp.nnodes, o.tp.master_addr,
+              o.tp.master_port);
+    run_node_steps(*loaded.runner);
+    log::info("node 0 ended the group; exiting");
+    return;
+  }
   // Every running or queued request holds an HTTP thread; a few more keep /health and /metrics live.
   // Capped: beyond 4096, further requests wait in the accept queue for a thread.
   o.srv.http_threads = std::min(o.max_num_seqs + o.max_waiting + 8, 4096);

@@ -96,4 +96,15 @@ std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f) {
 #endif
 }
 
+void run_node_steps(ModelRunner& runner) {
+#ifdef MXSERVE_HAVE_CUDA
+  auto* r = dynamic_cast<CudaRunnerBase*>(&runner);
+  if (!r) fail("--node-rank: needs the CUDA engine");
+  run_remote_steps(*r);
+#else
+  (void)runner;
+  fail("--node-rank: {}", cuda_unavailable_reason());
+#endif
+}
+
 }  // namespace mx::cli

@@ -58,5 +58,7 @@ void check_parallel(const TensorParallel& tp, Device dev);
 
 // The CUDA engine's runner; its kv_shape() is what the runtime's block pool must use.
 std::unique_ptr<ModelRunner> make_cuda_model_runner(const CudaRunnerFlags& f);
+// --node-rank > 0: the runner runs the steps node 0 sends until node 0 ends the group.
+void run_node_steps(ModelRunner& runner);
 
 }  // namespace mx::cli

@@ -3,13 +3,16 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "core/error.h"
 
@@ -31,7 +34,7 @@ bool wait_fd(int fd, short events, Clock::time_point end) {
     const double left = seconds_left(end);
     if (left <= 0) return false;
     pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, int(left * 1000) + 1);
+    const int r = ::poll(&p, 1, int(std::min(left, 60.0) * 1000) + 1);  // no deadline: a minute at a time
     if (r > 0) return true;
     if (r < 0 && errno != EINTR) return false;
   }
@@ -65,9 +68,48 @@ struct Fd {
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
+  int release() { return std::exchange(fd, -1); }
 };
 
+constexpr size_t kMaxMessage = size_t(1) << 30;
+
 }  // namespace
+
+NodeLink::NodeLink(int fd) : fd_(fd) {
+  const int one = 1;
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // a step is one small message: no Nagle delay
+}
+
+NodeLink::~NodeLink() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void NodeLink::send(const std::string& msg) {
+  const uint32_t n = htonl(uint32_t(msg.size()));
+  if (msg.size() > kMaxMessage || !write_all(fd_, &n, 4) || !write_all(fd_, msg.data(), msg.size()))
+    fail("tensor parallelism: the connection to another node is gone ({})", std::strerror(errno));
+}
+
+bool NodeLink::recv(std::string& msg, double timeout_s) {
+  const auto end = timeout_s < 0 ? Clock::time_point::max()
+                                 : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                      std::chrono::duration<double>(timeout_s));
+  if (!wait_fd(fd_, POLLIN, end)) return false;
+  uint32_t n = 0;
+  if (!read_all(fd_, &n, 4, Clock::time_point::max())) fail("tensor parallelism: the other node closed the connection");
+  n = ntohl(n);
+  if (n > kMaxMessage) fail("tensor parallelism: a message of {} bytes from another node", n);
+  msg.resize(n);
+  if (!read_all(fd_, msg.data(), n, Clock::time_point::max()))
+    fail("tensor parallelism: the other node closed the connection");
+  return true;
+}
+
+bool NodeLink::closed() const {
+  char c;
+  const ssize_t r = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
 
 RendezvousServer::RendezvousServer(int port) {
   fd_ = ::socket(AF_INET6, SOCK_STREAM, 0);
@@ -107,10 +149,11 @@ RendezvousServer::~RendezvousServer() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void RendezvousServer::serve(int nnodes, const std::string& blob, double timeout_s) {
+std::vector<std::unique_ptr<NodeLink>> RendezvousServer::serve(int nnodes, const std::string& blob, double timeout_s) {
   if (blob.size() > kMaxBlob) fail("rendezvous: blob of {} bytes is too large", blob.size());
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   std::vector<bool> seen(size_t(nnodes), false);
+  std::vector<std::unique_ptr<NodeLink>> links(static_cast<size_t>(nnodes));
   for (int got = 1; got < nnodes;) {
     if (!wait_fd(fd_, POLLIN, end)) {
       std::string missing;
@@ -128,11 +171,17 @@ void RendezvousServer::serve(int nnodes, const std::string& blob, double timeout
     const uint32_t n = htonl(uint32_t(blob.size()));
     if (!write_all(c.fd, &n, 4) || !write_all(c.fd, blob.data(), blob.size())) continue;  // it retries
     seen[size_t(rank)] = true;
+    links[size_t(rank)] = std::make_unique<NodeLink>(c.release());
     ++got;
   }
+  return links;
 }
 
 std::string rendezvous_fetch(const std::string& addr, int port, int node_rank, double timeout_s) {
+  return rendezvous_connect(addr, port, node_rank, timeout_s).blob;
+}
+
+Rendezvous rendezvous_connect(const std::string& addr, int port, int node_rank, double timeout_s) {
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -162,7 +211,7 @@ std::string rendezvous_fetch(const std::string& addr, int port, int node_rank, d
         continue;
       }
       ::freeaddrinfo(res);
-      return blob;
+      return Rendezvous{std::move(blob), std::make_unique<NodeLink>(s.release())};
     }
     ::freeaddrinfo(res);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));

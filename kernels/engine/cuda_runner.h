@@ -61,8 +61,11 @@ class CudaRunnerBase : public ModelRunner {
   virtual DecodeAheadStats decode_ahead_stats() const = 0;
 };
 
-// One GPU, or with opt.tp.size > 1 the ranks of a tensor-parallel group on this host's first GPUs.
+// One GPU, or with opt.tp.size > 1 this node's ranks of a tensor-parallel group on its first GPUs.
 std::unique_ptr<CudaRunnerBase> make_cuda_runner(const CudaEngineOptions& opt);
+// On a node other than 0 of a group across hosts (--node-rank > 0): runs the steps node 0 sends, until
+// node 0 ends the group.
+void run_remote_steps(CudaRunnerBase& runner);
 
 // Device copy bandwidth: a big cudaMemcpy D2D, (bytes read + written) / time, in GB/s.
 double measure_d2d_bandwidth_gbps(size_t bytes);

@@ -73,4 +73,33 @@ TEST(Rendezvous, DuplicateNodeRankIsAnError) {
   b.join();
 }
 
+// The connections stay open: node 0 sends steps, a node answers, and either side sees the other end.
+TEST(Rendezvous, LinksCarryMessagesAndSeeTheOtherEndClose) {
+  RendezvousServer server(0);
+  Rendezvous node;
+  std::thread t([&] { node = rendezvous_connect("127.0.0.1", server.port(), 1, 10); });
+  auto links = server.serve(2, "id", 10);
+  t.join();
+  ASSERT_EQ(links.size(), 2u);
+  ASSERT_TRUE(links[1] && node.link);
+  EXPECT_EQ(node.blob, "id");
+  const std::string big(300000, 'x');  // larger than a socket buffer
+  std::thread sender([&] { links[1]->send(big); links[1]->send(""); });
+  std::string got;
+  ASSERT_TRUE(node.link->recv(got, 10));
+  EXPECT_EQ(got, big);
+  ASSERT_TRUE(node.link->recv(got, 10));
+  EXPECT_EQ(got, "");
+  sender.join();
+  EXPECT_FALSE(node.link->recv(got, 0.05));  // nothing more: a timeout, not an error
+  node.link->send("kv 123");
+  ASSERT_TRUE(links[1]->recv(got, 10));
+  EXPECT_EQ(got, "kv 123");
+  EXPECT_FALSE(links[1]->closed());
+  node.link.reset();  // the node's process ends
+  for (int i = 0; i < 100 && !links[1]->closed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(links[1]->closed());
+  EXPECT_THROW(links[1]->recv(got, 1), Error);
+}
+
 }  // namespace

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device call on a two-GPU machine (nvidia-h100-x2) for tensor parallelism (docs/tensor_parallel.md).
+#   1. The group's GPU tests (TESTS, a gtest filter; none to skip).
+#   2. Two processes with one GPU each (--nnodes 2 on one host) against one process with both GPUs: the
+#      same greedy text from `generate` on the mini fixture (with two ranks every sum is one addition, so
+#      the two arrangements agree bit for bit).
+#   3. The engine, TP=1 against TP=2 in turn (MODELS, BENCH; ROUNDS).
+# BIN as device_ab.sh: new/mxserve (optionally gzipped), test_kernels and lib/. Logs go to $OUT.
+set -u
+cd "$(dirname "$0")/.."
+source bench/device_run_env.sh /tmp/mxserve-device
+for f in "$BIN"/*.gz "$BIN"/*/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
+chmod +x "$BIN"/test_kernels "$BIN"/new/mxserve 2>/dev/null
+M="$BIN/new/mxserve"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
+if [ "${TESTS:-}" != none ]; then
+  MXSERVE_FIXTURE_CACHE=/tmp/fx timeout 420 "$BIN/test_kernels" \
+    --gtest_filter="${TESTS:-NcclComm.*:PeerAllReduce.*:TensorParallel.*:GoldenLogitsGpu.Width120bTwoLayers*}" \
+    > "$OUT/tests.log" 2>&1
+  echo "tests exit $?"
+  grep -E "^\[ *(FAILED|PASSED)|e2e|golden|Failure|Expected|Which is" "$OUT/tests.log" | head -40
+fi
+if [ "${NODES:-1}" = 1 ]; then
+  "$M" fixture --preset mini /tmp/mini > /dev/null 2>&1 || echo "fixture failed"
+  G=(generate --model /tmp/mini --prompt "The quick brown fox" --max-tokens 24 --temperature 0 --device cuda)
+  timeout 120 "$M" "${G[@]}" --tensor-parallel-size 2 > "$OUT/gen_one_process.txt" 2> "$OUT/gen_one_process.err"
+  echo "one process, two GPUs: exit $?"
+  CUDA_VISIBLE_DEVICES=1 timeout 150 "$M" "${G[@]}" --tensor-parallel-size 2 --nnodes 2 --node-rank 1 \
+    --master-addr 127.0.0.1 --master-port 29517 > /dev/null 2> "$OUT/gen_node1.err" &
+  CUDA_VISIBLE_DEVICES=0 timeout 150 "$M" "${G[@]}" --tensor-parallel-size 2 --nnodes 2 --node-rank 0 \
+    --master-port 29517 > "$OUT/gen_two_processes.txt" 2> "$OUT/gen_node0.err"
+  echo "two processes: exit $?"
+  wait
+  cmp "$OUT/gen_one_process.txt" "$OUT/gen_two_processes.txt" && echo "two processes == one process"
+  timeout 60 "$M" "${G[@]}" > "$OUT/gen_one_gpu.txt" 2>&1
+  tail -n 3 "$OUT"/gen_*.err
+fi
+for r in $(seq "${ROUNDS:-1}"); do
+  for m in ${MODELS:-120b 20b}; do
+    for tp in 1 2; do
+      log="$OUT/bench_tp$tp.log"
+      echo "== $m round $r: tp $tp" >> "$log"
+      n=$(wc -l < "$log")
+      timeout 400 "$M" bench --preset "$m" --tensor-parallel-size $tp \
+        ${BENCH:---pp 2048 --tg 128 --depth 2048 --batch 1,64 --reps 2 --gpu-memory-utilization 0.9} >> "$log" 2>&1
+      echo "== $m tp $tp round $r (exit $?)"
+      tail -n +"$((n + 1))" "$log" | grep -E "^\| (pp|tg)|rror|loaded"
+    done
+  done
+done

@@ -1,0 +1,67 @@
+// Steps as bytes for the other nodes of a tensor-parallel group (model/step_wire.h): every field back
+// as it was, and bad bytes refused with one line.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "model/step_wire.h"
+
+namespace {
+using namespace mx;
+
+TEST(StepWire, RoundTripKeepsEveryField) {
+  const std::vector<int32_t> t0{5, 6, 7}, b0{3, 1}, s0{-1, 9}, t1{42}, b1{8};
+  std::vector<SeqStep> in(3);
+  in[0] = SeqStep{.seq_id = 11, .tokens = t0, .start_pos = 0, .block_table = b0, .sliding_table = s0, .sample = true,
+                  .sampling = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 40, .min_p = 0.05f, .seed = 1ull << 60,
+                               .top_logprobs = 3, .logprobs = true},
+                  .rng_step = 17, .expect_next = true};
+  in[1] = SeqStep{.seq_id = -2, .tokens = t1, .start_pos = 123, .block_table = b1};
+  in[2].seq_id = 5;  // no tokens, no tables
+  std::string bytes;
+  encode_step(in, 2, bytes);
+  WireStep out;
+  out.seqs.resize(7);  // a step before with more sequences: reused
+  decode_step(bytes, out);
+  ASSERT_EQ(out.seqs.size(), 3u);
+  EXPECT_EQ(out.num_results, 2u);
+  for (size_t i = 0; i < 3; ++i) {
+    const SeqStep &a = in[i], &b = out.seqs[i];
+    EXPECT_EQ(a.seq_id, b.seq_id);
+    EXPECT_EQ(a.start_pos, b.start_pos);
+    EXPECT_EQ(std::vector<int32_t>(a.tokens.begin(), a.tokens.end()), std::vector<int32_t>(b.tokens.begin(), b.tokens.end()));
+    EXPECT_EQ(std::vector<int32_t>(a.block_table.begin(), a.block_table.end()),
+              std::vector<int32_t>(b.block_table.begin(), b.block_table.end()));
+    EXPECT_EQ(std::vector<int32_t>(a.sliding_table.begin(), a.sliding_table.end()),
+              std::vector<int32_t>(b.sliding_table.begin(), b.sliding_table.end()));
+    EXPECT_EQ(a.sample, b.sample);
+    EXPECT_EQ(a.expect_next, b.expect_next);
+    EXPECT_EQ(a.rng_step, b.rng_step);
+    EXPECT_EQ(a.sampling.temperature, b.sampling.temperature);
+    EXPECT_EQ(a.sampling.top_p, b.sampling.top_p);
+    EXPECT_EQ(a.sampling.top_k, b.sampling.top_k);
+    EXPECT_EQ(a.sampling.min_p, b.sampling.min_p);
+    EXPECT_EQ(a.sampling.seed, b.sampling.seed);
+    EXPECT_EQ(a.sampling.top_logprobs, b.sampling.top_logprobs);
+    EXPECT_EQ(a.sampling.logprobs, b.sampling.logprobs);
+  }
+}
+
+TEST(StepWire, BadBytesAreRefused) {
+  const std::vector<int32_t> t{1, 2, 3}, b{0};
+  SeqStep s{.seq_id = 1, .tokens = t, .block_table = b};
+  std::string bytes;
+  encode_step({&s, 1}, 1, bytes);
+  WireStep out;
+  for (size_t cut : {size_t(0), size_t(3), size_t(16), bytes.size() - 1}) {
+    EXPECT_THROW(decode_step(bytes.substr(0, cut), out), Error) << cut;
+  }
+  EXPECT_THROW(decode_step(bytes + "x", out), Error);
+  std::string bad = bytes;
+  bad[0] ^= 1;
+  EXPECT_THROW(decode_step(bad, out), Error);
+  bad = bytes;
+  bad[4] = char(0x7f);  // a sequence count the bytes cannot hold
+  EXPECT_THROW(decode_step(bad, out), Error);
+}
+
+}  // namespace
