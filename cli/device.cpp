@@ -60,6 +60,9 @@ void add_parallel_flags(CLI::App* cmd, TensorParallel* tp) {
   cmd->add_option("--node-rank", tp->node_rank, "this host's index among --nnodes")->capture_default_str();
   cmd->add_option("--master-addr", tp->master_addr, "node 0's address (the ranks' rendezvous)")->capture_default_str();
   cmd->add_option("--master-port", tp->master_port, "node 0's rendezvous port")->capture_default_str();
+  cmd->add_flag_callback(
+      "--enable-expert-parallel", [tp] { tp->moe = MoeSplit::kExperts; },
+      "tensor parallel: each GPU holds whole experts (default: a slice of every expert's intermediate columns)");
 }
 
 void check_parallel(const TensorParallel& tp, Device dev) {

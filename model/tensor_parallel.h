@@ -10,11 +10,16 @@
 
 namespace mx {
 
+// How the experts are split: each rank holds E / size whole experts (expert parallel), or a slice of every
+// expert's intermediate dimension (tensor parallel).
+enum class MoeSplit { kExperts, kIntermediate };
+
 struct TensorParallel {
   int size = 1;                          // ranks (GPUs) in all, over every node
   int nnodes = 1, node_rank = 0;         // hosts, and this one's index
   std::string master_addr = "127.0.0.1";  // node 0's address: the rendezvous that hands out NCCL's id
   int master_port = 29500;
+  MoeSplit moe = MoeSplit::kIntermediate;  // --enable-expert-parallel: kExperts
   int ranks_per_node() const { return size / nnodes; }
   int first_rank() const { return node_rank * ranks_per_node(); }
 };
@@ -23,9 +28,6 @@ struct TensorParallel {
 // out of range; a port out of range; a model whose KV heads or experts do not divide by the size.
 void check_tensor_parallel(const TensorParallel& tp, const ModelConfig& cfg);
 
-// How the experts are split: each rank holds E / size whole experts (expert parallel), or a slice of every
-// expert's intermediate dimension (tensor parallel).
-enum class MoeSplit { kExperts, kIntermediate };
 // The intermediate split's unit (columns): whole MXFP4 blocks, and the prefill MoE's 64-value K step.
 constexpr int kInterUnit = 64;
 

@@ -118,6 +118,10 @@ struct MoeDecodeParams {
   const uint16_t* norm_w = nullptr;       // [H]
   const float* h = nullptr;               // fp32 [H]: the residual the norm reads
   float eps = 1e-5f;
+  // Expert parallelism: only experts [expert_lo, expert_hi) have weights here (the weight and bias pointers
+  // are offset so that an expert's model id indexes them); CTAs of other experts exit at once, leaving
+  // their y_slot rows to the caller (zeroed, then summed over the GPUs).
+  int expert_lo = 0, expert_hi = 1 << 30;
   CtaTrace trace;   // diagnostics (cta_trace.h): both kernels
 };
 void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s);

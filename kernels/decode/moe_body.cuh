@@ -122,9 +122,10 @@ __device__ inline float route_token_acc(const MoeDecodeParams& p, int (&sel)[kTo
   return inv;
 }
 
-// One warp per token (route_token), then the distinct experts. Contains __syncthreads: call from
-// every thread.
-__device__ inline void route_tokens(const float* logits, int splits, int M, int E, Routing& r) {
+// One warp per token (route_token), then the distinct experts among those held here ([lo, hi): expert
+// parallelism leaves the others to another GPU). Contains __syncthreads: call from every thread.
+__device__ inline void route_tokens(const float* logits, int splits, int M, int E, Routing& r, int lo = 0,
+                                    int hi = 1 << 30) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int n = warp; n < M; n += blockDim.x >> 5) {
     int sel[kTopK];
@@ -144,7 +145,7 @@ __device__ inline void route_tokens(const float* logits, int splits, int M, int 
         const int e = r.idx[n][j];
         int u = 0;
         while (u < c && r.experts[u] != e) ++u;
-        if (u == c) r.experts[c++] = e;
+        if (u == c && e >= lo && e < hi) r.experts[c++] = e;
       }
     r.count = c;
   }

@@ -18,12 +18,14 @@ namespace {
 using namespace mma;
 using namespace body;
 
+__device__ __forceinline__ bool held(const MoeDecodeParams& p, int e) { return e >= p.expert_lo && e < p.expert_hi; }
+
 __global__ void __launch_bounds__(128, 3) fc1_k(MoeDecodeParams p) {
   __shared__ float red[kMoeWarps * 32 * 4];
   __shared__ Routing r;
   trace_begin(p.trace);
   TracedPdlWait{p.trace.buf}();  // the experts to read depend on the router, the kernel just before
-  route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
+  route_tokens(p.router_logits, p.router_splits, p.M, p.E, r, p.expert_lo, p.expert_hi);
   if (int(blockIdx.y) < r.count) fc1_swiglu(p, r, blockIdx.x, blockIdx.y, red);  // uniform
   trace_end(p.trace, 4);
 }
@@ -34,7 +36,7 @@ __global__ void __launch_bounds__(128, 3) fc2_k(MoeDecodeParams p) {
   trace_begin(p.trace);
   // The router finished before FC1 passed its own wait, and FC1 lets this kernel launch only after
   // that: routing and the first weight loads overlap FC1's tail; the wait guards FC1's activations.
-  route_tokens(p.router_logits, p.router_splits, p.M, p.E, r);
+  route_tokens(p.router_logits, p.router_splits, p.M, p.E, r, p.expert_lo, p.expert_hi);
   if (int(blockIdx.y) < r.count) fc2(p, r, blockIdx.x, blockIdx.y, red, TracedPdlWait{p.trace.buf});
   trace_end(p.trace, 5);
 }
@@ -80,6 +82,7 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, c
     route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
   }
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
+  if (!held(p, e)) return;  // another GPU's expert
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * kMoeWarps + warp, ntiles = I / 8;
   // Fragment rows g / g + 8 are gate row 2i / up row 2i + 1 of activation i.
@@ -114,6 +117,7 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
   else route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
   constexpr int KSPLIT = kFc2Split;
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
+  if (!held(p, e)) return;  // another GPU's expert
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * (kMoeWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = (H + 15) / 16;
   const int r0 = min(tile, ntiles - 1) * 16;

@@ -35,7 +35,9 @@ ModelConfig load_config(const CudaEngineOptions& opt) {
 }  // namespace
 
 CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpComm* tp)
-    : opt_(opt), cfg_(load_config(opt)), model_(cfg_, DeviceShape::shard(cfg_, opt.dense, rank, opt.tp.size)) {
+    : opt_(opt),
+      cfg_(load_config(opt)),
+      model_(cfg_, DeviceShape::shard(cfg_, opt.dense, rank, opt.tp.size, opt.tp.moe)) {
   if (opt.tp.size > 1) check_tensor_parallel(opt.tp, cfg_);
   std::unique_ptr<Checkpoint> ckpt;
   if (!opt.dummy_weights) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opt.model_dir));
@@ -50,8 +52,8 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpCom
   else if (opt.tp.size == 1) bytes = model_.upload(bind_weights(*ckpt, cfg_), stream_, act_.wdq, scratch);
   else {  // this rank's slices, cut on the host (shard_weights.h)
     const ShardWeights sw = shard_weights(bind_weights(*ckpt, cfg_), cfg_,
-                                          shard_dims(cfg_, rank, opt.tp.size, MoeSplit::kIntermediate),
-                                          MoeSplit::kIntermediate, rank == 0);
+                                          shard_dims(cfg_, rank, opt.tp.size, opt.tp.moe), opt.tp.moe,
+                                          rank == 0);
     bytes = model_.upload(sw.weights, stream_, act_.wdq, scratch);
   }
   stats_.upload_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -29,21 +29,23 @@ DeviceShape DeviceShape::of(const ModelConfig& c, const DenseQuant& dense) {
   s.Hq = c.num_heads; s.Hkv = c.num_kv_heads; s.D = c.head_dim;
   s.E = c.num_experts; s.I = c.intermediate_size; s.top_k = c.experts_per_token;
   s.head_rows = c.vocab_size;
+  s.experts_held = c.num_experts;
   return s;
 }
 
-DeviceShape DeviceShape::shard(const ModelConfig& c, const DenseQuant& dense, int rank, int size) {
+DeviceShape DeviceShape::shard(const ModelConfig& c, const DenseQuant& dense, int rank, int size, MoeSplit moe) {
   DeviceShape s = of(c, dense);
   if (size == 1) return s;
-  const ShardDims d = shard_dims(c, rank, size, MoeSplit::kIntermediate);
+  const ShardDims d = shard_dims(c, rank, size, moe);
   s.Hq = d.q_heads.count; s.Hkv = d.kv_heads.count; s.I = d.inter.count;
+  s.expert0 = d.experts.begin; s.experts_held = d.experts.count;
   s.head_rows = d.vocab.count; s.head_row0 = d.vocab.begin;
   s.tp_rank = rank; s.tp_size = size;
   return s;
 }
 
 LayerSizes::LayerSizes(const DeviceShape& s) {
-  const size_t H = s.H, E = s.E, I = s.I;
+  const size_t H = s.H, E = s.experts_held, I = s.I;
   attn_norm = mlp_norm = H * 2;
   qkv_w = dense_value_bytes(s.dense.qkv, size_t(s.qkv_dim()), H);
   qkv_sc = dense_scale_bytes(s.dense.qkv, size_t(s.qkv_dim()), H);
@@ -52,8 +54,8 @@ LayerSizes::LayerSizes(const DeviceShape& s) {
   o_sc = dense_scale_bytes(s.dense.o, H, size_t(s.q_dim()));
   o_b = H * 2;
   sinks = size_t(s.Hq) * 2;
-  router_w = E * H * 2;
-  router_b = E * 2;
+  router_w = size_t(s.E) * H * 2;  // the router scores every expert
+  router_b = size_t(s.E) * 2;
   up_blocks = E * 2 * I * H / 2;
   up_scales = E * 2 * I * H / 32;
   up_bias = E * 2 * I * 2;
@@ -93,7 +95,7 @@ double decode_weight_bytes(const DeviceShape& s, int M) {
 
 double step_weight_bytes(const DeviceShape& s, double experts_read, int M) {
   const LayerSizes ls(s);
-  const double expert = double(ls.expert_bytes()) / s.E;
+  const double expert = double(ls.expert_bytes()) / s.experts_held;
   const double dense = double(ls.total()) - double(ls.expert_bytes());
   return s.layers * dense + experts_read * expert + double(lm_head_bytes(s)) + double(s.H) * 2 * M;
 }

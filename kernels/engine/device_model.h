@@ -25,7 +25,8 @@ inline size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 struct DeviceShape {
   int layers = 0, H = 0, V = 0;  // layers, hidden size, vocabulary (embedding rows, the logits' width)
   int Hq = 0, Hkv = 0, D = 0;    // query heads, KV heads, head dim
-  int E = 0, I = 0, top_k = 0;   // experts, intermediate size, experts per token
+  int E = 0, I = 0, top_k = 0;   // experts (the router's), intermediate size, experts per token
+  int expert0 = 0, experts_held = 0;  // the experts whose weights this GPU holds: [expert0, expert0 + held)
   int head_rows = 0, head_row0 = 0;  // the lm_head rows held: vocabulary [head_row0, head_row0 + head_rows)
   int tp_rank = 0, tp_size = 1;      // this GPU's rank among the tensor-parallel ones
   DenseQuant dense;              // formats of qkv, o-proj and lm_head (--mxfp4-layers, --fp8-layers)
@@ -33,8 +34,10 @@ struct DeviceShape {
   int kv_dim() const { return Hkv * D; }
   int qkv_dim() const { return (Hq + 2 * Hkv) * D; }
   static DeviceShape of(const ModelConfig& c, const DenseQuant& dense = {});
-  // Rank `rank` of `size` (model/tensor_parallel.h): its heads, intermediate slice and vocabulary rows.
-  static DeviceShape shard(const ModelConfig& c, const DenseQuant& dense, int rank, int size);
+  // Rank `rank` of `size` (model/tensor_parallel.h): its heads, its experts or intermediate slice, and its
+  // vocabulary rows.
+  static DeviceShape shard(const ModelConfig& c, const DenseQuant& dense, int rank, int size, MoeSplit moe);
+  bool holds_all_experts() const { return experts_held == E; }
 };
 
 // One layer's weights (device pointers into the arena). q, k and v are one matrix, concatenated by
@@ -52,7 +55,7 @@ struct LayerSizes {
       up_bias, down_blocks, down_scales, down_bias;
   explicit LayerSizes(const DeviceShape& s);
   size_t total() const;         // with each tensor's 256-byte alignment
-  size_t expert_bytes() const;  // all experts, fc1 + fc2 (blocks, scales, bias)
+  size_t expert_bytes() const;  // all experts held, fc1 + fc2 (blocks, scales, bias)
 };
 
 // Bytes of lm_head in its format, scales included.

@@ -82,6 +82,13 @@ class Forward {
   // The reduce points: the residual after the o-proj, the experts' outputs (decode: the per-slot rows).
   void reduce_after_attention(float* x, size_t n);
   void reduce_after_experts(float* y, size_t n);
+  // Layer l's expert weights offset so that a model expert id indexes them (expert parallelism: this GPU
+  // holds experts [expert0, expert0 + held) only).
+  struct ExpertWeights {
+    const uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
+    const uint16_t *up_bias, *down_bias;
+  };
+  ExpertWeights expert_weights(int l) const;
   // The lm_head over this rank's vocabulary rows, gathered into logits [S, V].
   void lm_head(float* logits, int s0, int S);
   void mark(const char* name, double bytes) { probe_.mark(name, bytes, stream_); }

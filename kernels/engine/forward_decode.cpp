@@ -159,11 +159,13 @@ void Forward::router(const DecodeRows& r, int l, float* x_next) {
 void Forward::experts(const DecodeRows& r, int l, float* x_next) {
   const DeviceLayer& L = model_.layers[size_t(l)];
   const ModelConfig& c = model_.cfg;
+  const ExpertWeights w = expert_weights(l);
   cuda::MoeDecodeParams e;
   e.router_logits = act_.router;
   e.router_splits = cuda::kRouterSplits;
-  e.fc1_blocks = L.up_blocks; e.fc1_scales = L.up_scales; e.fc1_bias = L.up_bias;
-  e.fc2_blocks = L.down_blocks; e.fc2_scales = L.down_scales; e.fc2_bias = L.down_bias;
+  e.fc1_blocks = w.up_blocks; e.fc1_scales = w.up_scales; e.fc1_bias = w.up_bias;
+  e.fc2_blocks = w.down_blocks; e.fc2_scales = w.down_scales; e.fc2_bias = w.down_bias;
+  e.expert_lo = shape_.expert0; e.expert_hi = shape_.expert0 + shape_.experts_held;
   e.xn = act_.xn; e.act = act_.act_bf; e.y_slot = act_.ysl;
   e.M = r.M; e.E = shape_.E; e.H = shape_.H; e.I = shape_.I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
   if (r.fused_router) {
@@ -175,6 +177,8 @@ void Forward::experts(const DecodeRows& r, int l, float* x_next) {
   // Bytes each reads, for the profile: the distinct experts expected for M tokens.
   const LayerSizes& ls = sizes_;
   const double touched = expected_distinct_experts(shape_, r.M) / shape_.E;
+  if (!shape_.holds_all_experts())  // the slots of other GPUs' experts stay zero in this GPU's sum
+    MX_CUDA(cudaMemsetAsync(act_.ysl, 0, size_t(r.M) * shape_.top_k * shape_.H * 4, stream_));
   if (!probe_.skips(kDecodeFc1)) cuda::mxfp4_moe_fc1_swiglu(e, stream_);
   mark("moe_fc1_swiglu", touched * double(ls.up_blocks + ls.up_scales + ls.up_bias));
   if (!probe_.skips(kDecodeFc2)) cuda::mxfp4_moe_fc2(e, stream_);
@@ -211,6 +215,14 @@ void Forward::lm_head(float* logits, int s0, int S) {
   for (int q = 0; q < opt_.tp->size; ++q)
     MX_CUDA(cudaMemcpy2DAsync(logits + size_t(q) * R, size_t(V) * 4, act_.logits_tp + size_t(q) * slice, size_t(R) * 4,
                               size_t(R) * 4, size_t(S), cudaMemcpyDeviceToDevice, stream_));
+}
+
+Forward::ExpertWeights Forward::expert_weights(int l) const {
+  const DeviceLayer& L = model_.layers[size_t(l)];
+  const size_t H = shape_.H, I = shape_.I, x0 = size_t(shape_.expert0);
+  // Offsets before the arrays' starts: only ids of held experts ever index them (the kernels skip the rest).
+  return {L.up_blocks - x0 * I * H, L.up_scales - x0 * 2 * I * H / 32, L.down_blocks - x0 * H * I / 2,
+          L.down_scales - x0 * H * I / 32, L.up_bias - x0 * 2 * I, L.down_bias - x0 * H};
 }
 
 void Forward::zero_unless_rank0(float* rows, size_t n) {

@@ -93,6 +93,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     r.counts = a.moe_counts; r.offsets = a.moe_offsets; r.sorted_tok = a.moe_sorted_tok;
     r.sorted_slot = a.moe_sorted_slot; r.sorted_w = a.moe_sorted_w; r.tile_expert = a.moe_tile_expert;
     r.tile_row0 = a.moe_tile_row0; r.num_tiles = a.moe_num_tiles; r.max_tiles = tiles; r.tile_rows = tile_rows;
+    r.expert_lo = d.expert0; r.expert_hi = d.expert0 + d.experts_held;
     cuda::moe_route_prefill(r, s);
     probe_.record_routing(a.moe_counts, E, l, s);
     mark("moe_route", 0);
@@ -101,16 +102,18 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     g.offsets = a.moe_offsets; g.tile_expert = a.moe_tile_expert; g.tile_row0 = a.moe_tile_row0;
     g.num_tiles = a.moe_num_tiles; g.max_tiles = tiles; g.tile_rows = tile_rows;
     g.alpha = c.swiglu_alpha; g.limit = c.swiglu_limit;
-    g.blocks = L.up_blocks; g.scales = L.up_scales; g.bias = L.up_bias; g.x = a.xn; g.act = a.act_bf;
+    const ExpertWeights w = expert_weights(l);
+    g.blocks = w.up_blocks; g.scales = w.up_scales; g.bias = w.up_bias; g.x = a.xn; g.act = a.act_bf;
     g.N = 2 * I; g.K = H;
     cuda::moe_fc1_prefill(g, s);
     probe_.mark_experts("moe_fc1_prefill", double(ls.up_blocks + ls.up_scales + ls.up_bias) / E, l, s);
-    g.blocks = L.down_blocks; g.scales = L.down_scales; g.bias = L.down_bias; g.x = a.act_bf; g.y_slot = a.ysl;
+    g.blocks = w.down_blocks; g.scales = w.down_scales; g.bias = w.down_bias; g.x = a.act_bf; g.y_slot = a.ysl;
     g.N = H; g.K = I;
     cuda::moe_fc2_prefill(g, s);
     probe_.mark_experts("moe_fc2_prefill", double(ls.down_blocks + ls.down_scales + ls.down_bias) / E, l, s);
     zero_unless_rank0(a.xa, size_t(M) * H);
-    cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s);
+    if (d.holds_all_experts()) cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s);
+    else cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s, a.eidx, d.expert0, d.expert0 + d.experts_held);
     mark("moe_combine", 0);
     reduce_after_experts(a.xa, size_t(M) * H);
   }

@@ -41,7 +41,12 @@ __global__ void route_scatter_kernel(MoeRouteParams p) {
     if (e == 0) {  // tile list over all experts (E is small)
       int n = 0, o = 0;
       for (int x = 0; x < p.E; ++x) {
-        for (int r = 0; r < p.counts[x] && n < p.max_tiles; r += p.tile_rows) { p.tile_expert[n] = x; p.tile_row0[n] = o + r; ++n; }
+        const bool held = x >= p.expert_lo && x < p.expert_hi;
+        for (int r = 0; held && r < p.counts[x] && n < p.max_tiles; r += p.tile_rows) {
+          p.tile_expert[n] = x;
+          p.tile_row0[n] = o + r;
+          ++n;
+        }
         o += p.counts[x];
       }
       *p.num_tiles = n;
@@ -247,11 +252,14 @@ __global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_mma_k(MoeGemmPre
   }
 }
 
-__global__ void moe_combine_kernel(const float* y, float* resid, int k, int H) {
+__global__ void moe_combine_kernel(const float* y, float* resid, int k, int H, const int32_t* idx, int lo, int hi) {
   const int t = blockIdx.x;
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
     float s = 0.f;
-    for (int j = 0; j < k; ++j) s += y[(size_t(t) * k + j) * H + h];
+    for (int j = 0; j < k; ++j) {
+      const int e = idx ? idx[size_t(t) * k + j] : lo;
+      if (e >= lo && e < hi) s += y[(size_t(t) * k + j) * H + h];
+    }
     resid[size_t(t) * H + h] += s;
   }
 }
@@ -292,9 +300,10 @@ static void launch_moe(const MoeGemmPrefillParams& p, cudaStream_t s) {
 
 void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe<true>(p, s); }
 void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe<false>(p, s); }
-void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s) {
+void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s,
+                         const int32_t* topk_idx, int expert_lo, int expert_hi) {
   if (T <= 0) return;
-  moe_combine_kernel<<<T, 256, 0, s>>>(y_slot, resid, k, H);
+  moe_combine_kernel<<<T, 256, 0, s>>>(y_slot, resid, k, H, topk_idx, expert_lo, expert_hi);
 }
 
 }  // namespace mx::cuda

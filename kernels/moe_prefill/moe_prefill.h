@@ -49,6 +49,8 @@ struct MoeRouteParams {
   int32_t* num_tiles = nullptr;  // [1]
   int max_tiles = 0;
   int tile_rows = kMoeTileRowsPrefill;  // kMoeTileRowsPrefill or kMoeTileRowsSparse
+  // Expert parallelism: tiles only for experts [expert_lo, expert_hi), whose weights this GPU holds.
+  int expert_lo = 0, expert_hi = 1 << 30;
 };
 void moe_route_prefill(const MoeRouteParams& p, cudaStream_t s);
 
@@ -73,8 +75,10 @@ struct MoeGemmPrefillParams {
 };
 void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
 void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
-// resid fp32 [T, H] += sum_j y_slot[t*k + j]
-void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s);
+// resid fp32 [T, H] += sum_j y_slot[t*k + j]; with topk_idx, only the slots routed to experts
+// [expert_lo, expert_hi) (expert parallelism: the others were computed on another GPU).
+void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s,
+                         const int32_t* topk_idx = nullptr, int expert_lo = 0, int expert_hi = 1 << 30);
 
 // CPU reference of the whole block (host pointers): resid[t] += sum_j w * (W2 . swiglu(W1 . x + b1) + b2),
 // with x and the activation rounded to bf16 like the GPU path.

@@ -37,7 +37,7 @@ using nlohmann::json;
 // prefill path; its last position is checked), then one token per step (the decode path reading the
 // KV cache the prefill wrote).
 void check_gpu_golden(const char* name, int prefill_first = 0, bool fp8 = false, const mx::DenseQuant& dense = {},
-                      double dense_tol = 0, int tp = 1) {
+                      double dense_tol = 0, int tp = 1, mx::MoeSplit moe = mx::MoeSplit::kIntermediate) {
   const double tol = dense.any() ? dense_tol : !fp8 ? 3e-2 : std::string(name) == "tiny.json" ? 4.5e-2 : 1.15e-1;
   const fs::path path = fs::path(MX_SOURCE_DIR) / "tests/data/goldens" / name;
   if (!fs::exists(path)) GTEST_SKIP() << path << " is missing";
@@ -61,6 +61,7 @@ void check_gpu_golden(const char* name, int prefill_first = 0, bool fp8 = false,
     opt.kv_fp8 = fp8;
     opt.dense = dense;
     opt.tp.size = tp;
+    opt.tp.moe = moe;
     auto gpu = mx::make_cuda_runner(opt);
     const int nb = opt.max_model_len / 16;
     std::vector<int32_t> table(nb);
@@ -132,6 +133,8 @@ TEST(GoldenLogitsGpu, Width120bTwoLayersTwoGpus) {
     GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   check_gpu_golden("w120_l2.json", 0, false, {}, 0, 2);
   check_gpu_golden("w120_l2.json", 64, false, {}, 0, 2);
+  check_gpu_golden("w120_l2.json", 0, false, {}, 0, 2, mx::MoeSplit::kExperts);
+  check_gpu_golden("w120_l2.json", 64, false, {}, 0, 2, mx::MoeSplit::kExperts);
 }
 TEST(GoldenLogitsGpu, TinyMxfp4DenseLayers) {
   check_gpu_golden("tiny.json", 0, false, mx::parse_dense_quant("all", "none"), 0.275);
