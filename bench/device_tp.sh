@@ -4,7 +4,8 @@
 #   2. Two processes with one GPU each (--nnodes 2 on one host) against one process with both GPUs: the
 #      same greedy text from `generate` on the mini fixture (with two ranks every sum is one addition, so
 #      the two arrangements agree bit for bit).
-#   3. The engine, TP=1 against TP=2 in turn (MODELS, BENCH; ROUNDS).
+#   3. The engine under each flag set in turn (SETTINGS, ;-separated; default TP=1, TP=2, TP=2 with whole
+#      experts a GPU), per model (MODELS), bench arguments BENCH, ROUNDS.
 # BIN as device_ab.sh: new/mxserve (optionally gzipped), test_kernels and lib/. Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
@@ -36,15 +37,17 @@ if [ "${NODES:-1}" = 1 ]; then
   timeout 60 "$M" "${G[@]}" > "$OUT/gen_one_gpu.txt" 2>&1
   tail -n 3 "$OUT"/gen_*.err
 fi
+IFS=';' read -r -a sets <<< "${SETTINGS:---tensor-parallel-size 1;--tensor-parallel-size 2;--tensor-parallel-size 2 --enable-expert-parallel}"
 for r in $(seq "${ROUNDS:-1}"); do
   for m in ${MODELS:-120b 20b}; do
-    for tp in 1 2; do
-      log="$OUT/bench_tp$tp.log"
-      echo "== $m round $r: tp $tp" >> "$log"
+    for i in "${!sets[@]}"; do
+      log="$OUT/bench_$i.log"
+      echo "== $m round $r: ${sets[$i]}" >> "$log"
       n=$(wc -l < "$log")
-      timeout 400 "$M" bench --preset "$m" --tensor-parallel-size $tp \
+      # shellcheck disable=SC2086  # the flag set splits into arguments
+      timeout 400 "$M" bench --preset "$m" ${sets[$i]} \
         ${BENCH:---pp 2048 --tg 128 --depth 2048 --batch 1,64 --reps 2 --gpu-memory-utilization 0.9} >> "$log" 2>&1
-      echo "== $m tp $tp round $r (exit $?)"
+      echo "== $m ${sets[$i]} round $r (exit $?)"
       tail -n +"$((n + 1))" "$log" | grep -E "^\| (pp|tg)|rror|loaded"
     done
   done
