@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/pdl.cuh"
 
 namespace mx::cuda {
 namespace {
@@ -27,6 +28,10 @@ __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned* p) {
 }
 
 __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v, float* data, size_t n) {
+  // The next kernel may launch now and issue its weight loads while the ranks exchange flags; it reads
+  // the sums only after its own pdl_wait, which waits for this grid to finish.
+  pdl_launch_dependents();
+  pdl_wait();  // the kernel before wrote `data`
   const int b = blockIdx.x, tid = threadIdx.x;
   const size_t per = (n + gridDim.x - 1) / gridDim.x, begin = min(n, size_t(b) * per), end = min(n, begin + per);
   const unsigned e = v.epoch[b] + 1;
@@ -121,8 +126,7 @@ void PeerAllReduce::all_reduce_sum_f32(int rank, float* buf, size_t n, cudaStrea
   if (n == 0) return;
   // Always every CTA (some with nothing to copy): their call counts stay equal, so a call's CTAs all use
   // the same staging parity whatever the sizes of the calls before.
-  peer_allreduce_k<<<kPeerMaxCtas, kThreads, 0, s>>>(views_[size_t(rank)], buf, n);
-  MX_CUDA(cudaGetLastError());
+  launch_pdl(peer_allreduce_k, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, views_[size_t(rank)], buf, n);
 }
 
 }  // namespace mx::cuda
