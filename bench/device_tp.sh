@@ -36,6 +36,21 @@ if [ "${NODES:-1}" = 1 ]; then
   cmp "$OUT/gen_one_process.txt" "$OUT/gen_two_processes.txt" && echo "two processes == one process"
   timeout 60 "$M" "${G[@]}" > "$OUT/gen_one_gpu.txt" 2>&1
   tail -n 3 "$OUT"/gen_*.err
+  # A node that dies mid-service: node 0 must exit with one line, not hang.
+  S=(serve --model /tmp/mini --device cuda --tensor-parallel-size 2 --nnodes 2 --max-model-len 4096 --master-port 29518)
+  CUDA_VISIBLE_DEVICES=1 "$M" "${S[@]}" --node-rank 1 --master-addr 127.0.0.1 > "$OUT/fail_node1.log" 2>&1 &
+  N1=$!
+  CUDA_VISIBLE_DEVICES=0 "$M" "${S[@]}" --node-rank 0 --port 8012 > "$OUT/fail_node0.log" 2>&1 &
+  N0=$!
+  for _ in $(seq 240); do curl -sf localhost:8012/ready > /dev/null && break; sleep 0.5; done
+  curl -s localhost:8012/v1/completions -H 'Content-Type: application/json' \
+    -d '{"prompt":"Hello","max_tokens":8,"temperature":0}' > "$OUT/fail_before.json"
+  kill -9 $N1
+  curl -s -m 60 localhost:8012/v1/completions -H 'Content-Type: application/json' \
+    -d '{"prompt":"Hello again","max_tokens":200,"temperature":0}' > "$OUT/fail_after.json" 2>&1
+  for _ in $(seq 60); do kill -0 $N0 2>/dev/null || break; sleep 0.5; done
+  if kill -0 $N0 2>/dev/null; then echo "node 0 still running 30 s after node 1 died"; kill -9 $N0; fi
+  wait $N0; echo "node 0 exit $? after node 1 died: $(grep -h 'tensor parallelism' "$OUT/fail_node0.log" | tail -1)"
 fi
 IFS=';' read -r -a sets <<< "${SETTINGS:---tensor-parallel-size 1;--tensor-parallel-size 2;--tensor-parallel-size 2 --enable-expert-parallel}"
 for r in $(seq "${ROUNDS:-1}"); do
