@@ -88,6 +88,7 @@ TpRunner::TpRunner(const CudaEngineOptions& opt)
     if (msg.rfind("kv ", 0) != 0) fail("tensor parallelism: node {} sent '{}' instead of its KV blocks", n, msg.substr(0, 40));
     remote_blocks_ = std::min(remote_blocks_, std::atoi(msg.c_str() + 3));
   }
+  if (links_.size() > 1) watcher_ = std::thread([this] { watch_nodes(); });
   log::info("tensor parallel: rank{} {}..{} of {} on this node, {} for the decode sums", local_ > 1 ? "s" : "", first_,
             first_ + local_ - 1, size_, peer_ ? "peer memory" : "NCCL");
 }
@@ -113,6 +114,12 @@ void TpRunner::meet_nodes(const ModelConfig& cfg) {
 }
 
 TpRunner::~TpRunner() {
+  {  // first the watcher: the other nodes leave once they read "quit"
+    std::lock_guard lk(mu_);
+    unwatch_ = true;
+  }
+  done_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
   for (size_t n = 1; n < links_.size(); ++n) {
     try {
       links_[n]->send("quit");
@@ -131,6 +138,16 @@ void TpRunner::shutdown() {
   go_.notify_all();
   for (auto& t : threads_)
     if (t.joinable()) t.join();
+}
+
+// Between steps nothing else would notice: a server idle when another node ends must not wait for the
+// next request to say so.
+void TpRunner::watch_nodes() {
+  std::unique_lock lk(mu_);
+  while (!done_.wait_for(lk, std::chrono::milliseconds(200), [&] { return unwatch_; })) {
+    for (size_t n = 1; n < links_.size(); ++n)
+      if (links_[n]->closed()) fatal(fmt::format("node {} has ended (its log says why)", n));
+  }
 }
 
 // On local rank r's thread: its device, the collectives (warmed up outside any graph capture), its runner.

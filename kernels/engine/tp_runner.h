@@ -50,6 +50,7 @@ class TpRunner final : public CudaRunnerBase {
   void set_up(int local);
   void run_local(std::span<const SeqStep> seqs, std::span<SampleResult> out);
   void shutdown();  // stops and joins the ranks' threads
+  void watch_nodes();
   [[noreturn]] void fatal(const std::string& why) const;
 
   CudaEngineOptions opt_;
@@ -63,6 +64,7 @@ class TpRunner final : public CudaRunnerBase {
   // Other nodes: node 0 holds a link to each (index = node rank), the others one to node 0.
   std::vector<std::unique_ptr<NodeLink>> links_;
   std::unique_ptr<NodeLink> to_node0_;
+  std::thread watcher_;  // node 0: ends the process when another node's ends, also between steps
   int remote_blocks_ = 1 << 30;  // the fewest KV blocks the other nodes hold (node 0)
   std::string wire_;
   // The step being run: published under mu_, a new generation wakes the ranks.
@@ -74,7 +76,7 @@ class TpRunner final : public CudaRunnerBase {
   std::vector<std::string> errors_;
   unsigned long long gen_ = 0;
   int finished_ = 0, ready_ = 0;
-  bool stop_ = false;
+  bool stop_ = false, unwatch_ = false;
 };
 
 }  // namespace mx
