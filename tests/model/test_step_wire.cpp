@@ -11,11 +11,18 @@ using namespace mx;
 TEST(StepWire, RoundTripKeepsEveryField) {
   const std::vector<int32_t> t0{5, 6, 7}, b0{3, 1}, s0{-1, 9}, t1{42}, b1{8};
   std::vector<SeqStep> in(3);
-  in[0] = SeqStep{.seq_id = 11, .tokens = t0, .start_pos = 0, .block_table = b0, .sliding_table = s0, .sample = true,
-                  .sampling = {.temperature = 0.7f, .top_p = 0.9f, .top_k = 40, .min_p = 0.05f, .seed = 1ull << 60,
-                               .top_logprobs = 3, .logprobs = true},
-                  .rng_step = 17, .expect_next = true};
-  in[1] = SeqStep{.seq_id = -2, .tokens = t1, .start_pos = 123, .block_table = b1};
+  in[0].seq_id = 11;
+  in[0].tokens = t0;
+  in[0].block_table = b0;
+  in[0].sliding_table = s0;
+  in[0].sample = true;
+  in[0].sampling = SamplingParams{0.7f, 0.9f, 40, 0.05f, 1ull << 60, 3, true};
+  in[0].rng_step = 17;
+  in[0].expect_next = true;
+  in[1].seq_id = -2;
+  in[1].tokens = t1;
+  in[1].start_pos = 123;
+  in[1].block_table = b1;
   in[2].seq_id = 5;  // no tokens, no tables
   std::string bytes;
   encode_step(in, 2, bytes);
@@ -48,7 +55,10 @@ TEST(StepWire, RoundTripKeepsEveryField) {
 
 TEST(StepWire, BadBytesAreRefused) {
   const std::vector<int32_t> t{1, 2, 3}, b{0};
-  SeqStep s{.seq_id = 1, .tokens = t, .block_table = b};
+  SeqStep s;
+  s.seq_id = 1;
+  s.tokens = t;
+  s.block_table = b;
   std::string bytes;
   encode_step({&s, 1}, 1, bytes);
   WireStep out;
