@@ -159,12 +159,14 @@ void run_serve(ServeOptions o) {
     engine->start();
     srv.attach(engine.get(), tok, cfg.eos_token_ids);
     log::info("model loaded on {}: {} layers, max_model_len {}, KV {} blocks x {} tokens ({} tokens, {}), prefix "
-              "caching {}, dense layers {}, {} GPU{}",
+              "caching {}, dense layers {}{}",
               device_name(dev), cfg.num_layers, engine->max_model_len(), runner->kv_shape().num_blocks,
               runner->kv_shape().block_size, int64_t(runner->kv_shape().num_blocks) * runner->kv_shape().block_size,
               fmt.kv_fp8 ? "fp8 e4m3" : dev == Device::kCuda ? "bf16" : "fp32",
-              o.enable_prefix_caching ? "on" : "off", fmt.dense.describe(), dev == Device::kCuda ? o.tp.size : 0,
-              o.tp.size > 1 ? "s (tensor parallel: each holds its KV heads of every block)" : "");
+              o.enable_prefix_caching ? "on" : "off", fmt.dense.describe(),
+              dev != Device::kCuda ? ""
+              : o.tp.size == 1 ? ", 1 GPU"
+                               : fmt::format(", {} GPUs (tensor parallel: each holds its KV heads of every block)", o.tp.size));
   } catch (...) {
     srv.stop();
     http.join();
