@@ -419,8 +419,10 @@ void run_bench(const BenchOptions& o) {
   }
   if (!o.step_trace.empty()) write_step_trace(*r, hooks, bt0, o.depth, o.step_trace);
   if (o.json) {
-    std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"rows\":\"%s\",\"results\":[",
-                model.c_str(), cuda_device_name().c_str(), o.depth, copy_gbps, o.clone_rows ? "clone" : "distinct");
+    std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"rows\":\"%s\","
+                "\"tensor_parallel_size\":%d,\"expert_parallel\":%s,\"results\":[",
+                model.c_str(), cuda_device_name().c_str(), o.depth, copy_gbps, o.clone_rows ? "clone" : "distinct",
+                o.tp.size, o.tp.moe == MoeSplit::kExperts ? "true" : "false");
     for (size_t i = 0; i < rows.size(); ++i)
       std::printf("%s{\"test\":\"%s\",\"batch\":%d,\"tok_s\":%.2f,\"sd\":%.2f,\"bytes_per_token\":%.0f,\"gbps\":%.1f,\"pct_copy_bw\":%.1f,"
                   "\"experts_per_layer\":%.1f,\"experts_counted\":%s}",
@@ -428,8 +430,12 @@ void run_bench(const BenchOptions& o) {
                   rows[i].gbps, rows[i].pct, rows[i].experts, rows[i].experts_counted ? "true" : "false");
     std::printf("]}\n");
   } else {
-    std::printf("model %s | GPU %s | depth %d | D2D copy bandwidth %.1f GB/s | reps %d | %s rows\n", model.c_str(),
-                cuda_device_name().c_str(), o.depth, copy_gbps, o.reps, o.clone_rows ? "clone" : "distinct");
+    std::printf("model %s | GPU %s%s | depth %d | D2D copy bandwidth %.1f GB/s | reps %d | %s rows\n", model.c_str(),
+                cuda_device_name().c_str(),
+                o.tp.size == 1 ? ""
+                : fmt::format(" x {} (tensor parallel{})", o.tp.size,
+                              o.tp.moe == MoeSplit::kExperts ? ", whole experts" : "").c_str(),
+                o.depth, copy_gbps, o.reps, o.clone_rows ? "clone" : "distinct");
     std::printf("| test | batch | tok/s | experts/layer | MB/token | GB/s | %% copy BW |\n|---|---|---|---|---|---|---|\n");
     for (auto& r2 : rows) {
       char ex[32] = "";
