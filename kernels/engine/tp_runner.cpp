@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -42,6 +43,9 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
          gpus, gpus == 1 ? "" : "s", local);
   std::string why;
   if (!cuda::nccl_available(&why)) fail("--tensor-parallel-size {}: {}", tp.size, why);
+  // NCCL connects its channels at init rather than on a collective's first use, which may come inside a
+  // CUDA graph capture (the warm-up below covers the sizes too); a value set by the user wins.
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   std::string id;
   if (tp.node_rank == 0) {
     const cuda::NcclId u = cuda::nccl_unique_id();
@@ -82,14 +86,19 @@ std::unique_ptr<ModelRunner> TpRunner::set_up(int r, const std::string& nccl_id)
   nccl_[size_t(r)] = std::make_unique<cuda::NcclComm>(id, rank, size, kJoinTimeoutS);
   if (peer_) peer_->join(r);
   comms_[size_t(r)] = cuda::TpComm{rank, size, nccl_[size_t(r)].get(), peer_.get()};
+  // Each collective at the sizes the steps use, eagerly: NCCL makes a protocol's connections on its first
+  // use, which must not happen inside a graph capture.
+  constexpr size_t kWarmFloats = size_t(2) << 20;  // 8 MB a rank: as large as any protocol switch
   float* buf = nullptr;
   cudaStream_t s = nullptr;
-  MX_CUDA(cudaMalloc(&buf, size_t(2 + size) * 4));
+  MX_CUDA(cudaMalloc(&buf, kWarmFloats * 4 * size_t(size)));
   MX_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  MX_CUDA(cudaMemsetAsync(buf, 0, size_t(2 + size) * 4, s));
-  comms_[size_t(r)].all_reduce_sum_f32(buf, 1, s);              // the peer path (or NCCL)
-  nccl_[size_t(r)]->all_reduce_sum_f32(buf, 2, s);              // NCCL's channels
-  nccl_[size_t(r)]->all_gather(buf + 2 + rank, buf + 2, 4, s);  // and its gather
+  MX_CUDA(cudaMemsetAsync(buf, 0, kWarmFloats * 4 * size_t(size), s));
+  for (size_t n = 1; n <= kWarmFloats; n *= 8) {
+    comms_[size_t(r)].all_reduce_sum_f32(buf, n, s);  // the peer path for small n (or NCCL)
+    nccl_[size_t(r)]->all_reduce_sum_f32(buf, n, s);
+    nccl_[size_t(r)]->all_gather(buf + size_t(rank) * n, buf, n * 4, s);
+  }
   nccl_[size_t(r)]->sync(s, kJoinTimeoutS);
   cudaStreamDestroy(s);
   cudaFree(buf);
