@@ -133,9 +133,11 @@ void NcclComm::ready(int r, const char* what) {
   }
 }
 
-void NcclComm::all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) {
+void NcclComm::all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) { all_reduce_sum_f32(buf, buf, n, s); }
+
+void NcclComm::all_reduce_sum_f32(const float* in, float* out, size_t n, cudaStream_t s) {
   if (!comm_) ready(0, "all-reduce");
-  ready(lib().all_reduce(buf, buf, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), s), "all-reduce");
+  ready(lib().all_reduce(in, out, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), s), "all-reduce");
 }
 
 void NcclComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) {

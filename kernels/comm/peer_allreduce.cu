@@ -27,17 +27,22 @@ __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned* p) {
   return v;
 }
 
-__global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v, float* data, size_t n) {
+// out[i] = sum over ranks of in[i]; zero_in (in != out): in[i] = 0 once staged.
+__global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v, float* in, float* out, size_t n,
+                                                             int zero_in) {
   // The next kernel may launch now and issue its weight loads while the ranks exchange flags; it reads
   // the sums only after its own pdl_wait, which waits for this grid to finish.
   pdl_launch_dependents();
-  pdl_wait();  // the kernel before wrote `data`
+  pdl_wait();  // the kernel before wrote `in`
   const int b = blockIdx.x, tid = threadIdx.x;
   const size_t per = (n + gridDim.x - 1) / gridDim.x, begin = min(n, size_t(b) * per), end = min(n, begin + per);
   const unsigned e = v.epoch[b] + 1;
   const int slot = e & 1;
   float* mine = v.stage[v.rank][slot];
-  for (size_t i = begin + tid; i < end; i += kThreads) mine[i] = data[i];
+  for (size_t i = begin + tid; i < end; i += kThreads) {
+    mine[i] = in[i];
+    if (zero_in) in[i] = 0.f;
+  }
   __syncthreads();
   if (tid == 0) __threadfence_system();  // this CTA's copies reach the peers before its flags
   __syncthreads();
@@ -49,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
   for (size_t i = begin + tid; i < end; i += kThreads) {
     float s = 0.f;
     for (int r = 0; r < v.world; ++r) s += __ldcv(v.stage[r][slot] + i);  // not from L1: a peer's new values
-    data[i] = s;
+    out[i] = s;
   }
   if (tid == 0) v.epoch[b] = e;
 }
@@ -122,11 +127,16 @@ void PeerAllReduce::abandon() {
 }
 
 void PeerAllReduce::all_reduce_sum_f32(int rank, float* buf, size_t n, cudaStream_t s) const {
+  reduce_into(rank, buf, buf, n, s);
+}
+
+void PeerAllReduce::reduce_into(int rank, float* in, float* out, size_t n, cudaStream_t s) const {
   if (n > max_elems_) throw_error("PeerAllReduce: " + std::to_string(n) + " values, at most " + std::to_string(max_elems_));
   if (n == 0) return;
   // Always every CTA (some with nothing to copy): their call counts stay equal, so a call's CTAs all use
   // the same staging parity whatever the sizes of the calls before.
-  launch_pdl(peer_allreduce_k, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, views_[size_t(rank)], buf, n);
+  launch_pdl(peer_allreduce_k, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, views_[size_t(rank)], in, out, n,
+             int(in != out));
 }
 
 }  // namespace mx::cuda

@@ -42,6 +42,9 @@ class PeerAllReduce {
   size_t max_elems() const { return max_elems_; }
   // In place, buf[i] = sum over ranks, n <= max_elems; every rank calls it with the same n in the same order.
   void all_reduce_sum_f32(int rank, float* buf, size_t n, cudaStream_t s) const;
+  // out[i] = sum over ranks of in[i]; in != out is left zeroed (a rank's partial rows, ready for the next
+  // layer's partial: no memset between).
+  void reduce_into(int rank, float* in, float* out, size_t n, cudaStream_t s) const;
 
  private:
   int world_;

@@ -1,5 +1,6 @@
 #include "kernels/comm/tp_comm.h"
 
+#include "kernels/common/cuda_check.h"
 #include "kernels/comm/nccl_comm.h"
 #include "kernels/comm/peer_allreduce.h"
 
@@ -9,6 +10,13 @@ void TpComm::all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) const {
   if (size == 1 || n == 0) return;
   if (peer && n <= peer->max_elems()) return peer->all_reduce_sum_f32(rank, buf, n, s);
   nccl->all_reduce_sum_f32(buf, n, s);
+}
+
+void TpComm::reduce_into(float* in, float* out, size_t n, cudaStream_t s) const {
+  if (n == 0) return;
+  if (peer && n <= peer->max_elems()) return peer->reduce_into(rank, in, out, n, s);
+  nccl->all_reduce_sum_f32(in, out, n, s);
+  MX_CUDA(cudaMemsetAsync(in, 0, n * 4, s));
 }
 
 void TpComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) const {

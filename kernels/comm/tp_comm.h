@@ -19,6 +19,9 @@ struct TpComm {
 
   // In place, buf[i] = the sum over ranks; every rank calls it with the same n in the same order.
   void all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) const;
+  // out[i] = the sum over ranks of in[i] (in != out), and in[i] = 0 after: a rank's partial rows, zero
+  // again for the next layer's partial without a memset of its own in the peer path.
+  void reduce_into(float* in, float* out, size_t n, cudaStream_t s) const;
   // recv = every rank's `bytes`, in rank order; send may be recv + rank * bytes (in place).
   void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) const;
 };

@@ -43,6 +43,7 @@ struct CudaEngineOptions {
   // --tensor-parallel-size and the rest (model/tensor_parallel.h): one GPU a rank, tp_runner.h.
   TensorParallel tp;
   double tp_step_timeout_s = 600;  // a rank whose step takes longer is taken for hung: the process exits
+  bool tp_peer_allreduce = true;   // decode-size sums over peer memory when every pair of GPUs has access (tests: false)
 };
 
 struct CudaLoadStats {

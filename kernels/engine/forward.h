@@ -79,8 +79,12 @@ class Forward {
   // outputs to zeros, not to the residual, so the sum over ranks holds the residual once.
   bool tp() const { return opt_.tp && opt_.tp->size > 1; }
   void zero_unless_rank0(float* rows, size_t n);
-  // The reduce points: the residual after the o-proj, the experts' outputs (decode: the per-slot rows).
-  void reduce_after_attention(float* x, size_t n);
+  // Where the decode o-proj accumulates: the residual x, or on a rank other than 0 its zeroed partial rows
+  // (tp_part), which the reduce sums into x and leaves zero again: no memset in the decode step.
+  float* o_proj_rows(float* x) const { return tp() && opt_.tp->rank != 0 ? act_.tp_part : x; }
+  // The reduce points: the residual after the o-proj (x = the sum over ranks of `rows`), the experts'
+  // outputs (decode: the per-slot rows).
+  void reduce_after_attention(float* rows, float* x, size_t n);
   void reduce_after_experts(float* y, size_t n);
   // Layer l's expert weights offset so that a model expert id indexes them (expert parallelism: this GPU
   // holds experts [expert0, expert0 + held) only).

@@ -74,7 +74,7 @@ void Forward::decode_layers(const DecodeRows& r) {
     qkv_rope_kv(r, l, x, y, x_next);
     attention(r, l);
     o_proj(r, l, x_next);
-    reduce_after_attention(x_next, size_t(r.M) * shape_.H);
+    reduce_after_attention(o_proj_rows(x_next), x_next, size_t(r.M) * shape_.H);
     if (!r.fused_router) router(r, l, x_next);
     experts(r, l, x_next);
     reduce_after_experts(act_.ysl, size_t(r.M) * shape_.top_k * shape_.H);
@@ -132,8 +132,8 @@ void Forward::attention(const DecodeRows& r, int l) {
 void Forward::o_proj(const DecodeRows& r, int l, float* x_next) {
   const DeviceLayer& L = model_.layers[size_t(l)];
   const LayerSizes& ls = sizes_;
-  const cuda::OProjParams op{act_.attn, L.o, L.o_b, x_next, r.M, shape_.H, shape_.q_dim(), probe_.op_trace(l)};
-  zero_unless_rank0(x_next, size_t(r.M) * shape_.H);
+  const cuda::OProjParams op{act_.attn, L.o, L.o_b, o_proj_rows(x_next), r.M, shape_.H, shape_.q_dim(),
+                             probe_.op_trace(l)};
   if (r.fused_router) {
     if (!probe_.skips(kDecodeOProj))
       cuda::dense_o_proj_router_m1(
@@ -229,8 +229,10 @@ void Forward::zero_unless_rank0(float* rows, size_t n) {
   if (tp() && opt_.tp->rank != 0) MX_CUDA(cudaMemsetAsync(rows, 0, n * 4, stream_));
 }
 
-void Forward::reduce_after_attention(float* x, size_t n) {
-  if (tp()) opt_.tp->all_reduce_sum_f32(x, n, stream_);
+void Forward::reduce_after_attention(float* rows, float* x, size_t n) {
+  if (!tp()) return;
+  if (rows == x) opt_.tp->all_reduce_sum_f32(x, n, stream_);
+  else opt_.tp->reduce_into(rows, x, n, stream_);
 }
 
 void Forward::reduce_after_experts(float* y, size_t n) {

@@ -81,7 +81,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     zero_unless_rank0(a.xa, size_t(M) * H);
     gemm(a.attn, L.o, L.o_b, a.xa, H, d.q_dim(), true);
     mark("o_gemm_residual", double(ls.o_w + ls.o_sc));
-    reduce_after_attention(a.xa, size_t(M) * H);
+    reduce_after_attention(a.xa, a.xa, size_t(M) * H);
     cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.mlp_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("mlp_norm", 0);
     gemm(a.xn, cuda::bf16_weight(L.router_w), L.router_b, a.router, E, H, false);

@@ -42,7 +42,8 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
       cuda::decode_step_counter_words(d.layers) * 4, size_t(d.layers) * sizeof(cuda::DecodeStepLayer),
       size_t(d.layers) * E * 8, size_t(cuda::oproj_router_tiles(d.H)) * 4,
       cuda::attention_decode_mma_scratch_words(std::max(cuda::kDecodeMaxTokens, p.S), d.Hkv) * 8, S * 4,
-      dense_scratch_elems(d) * 2, d.tp_size > 1 ? S * V * 4 : 0};
+      dense_scratch_elems(d) * 2, d.tp_size > 1 ? S * V * 4 : 0,
+      d.tp_size > 1 ? size_t(cuda::kDecodeMaxTokens) * H * 4 : 0};
   for (size_t b : p.activation_sizes) p.activation_bytes += align256(b);
 
   const std::vector<int> kv_array = c.kv_array_of_layers();
@@ -112,6 +113,7 @@ Activations bind_activations(uint8_t* arena, const MemoryPlan& plan) {
   x.picked = i32();
   x.wdq = b16();
   x.logits_tp = f32();
+  x.tp_part = f32();
   if (i != plan.activation_sizes.size())
     fail("activation arena: {} buffers bound, {} planned", i, plan.activation_sizes.size());
   return x;

@@ -32,6 +32,7 @@ struct Activations {
   int32_t* picked;                       // [S] the last step's picks on the device (decode ahead's input)
   uint16_t* wdq;                         // bf16 scratch of quantized dense weights (dense_scratch_elems)
   float* logits_tp;                      // tensor parallel: every rank's vocabulary slice [ranks][S][slice]
+  float* tp_part;                        // tensor parallel, ranks > 0: the decode o-proj's partial rows [8, H], zero
 };
 
 // One step's metadata: int32 token arrays, then (8-byte aligned) the sampled rows' keys and filters,

@@ -51,7 +51,7 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
     const cuda::NcclId u = cuda::nccl_unique_id();
     id.assign(u.bytes, sizeof(u.bytes));
   }
-  bool peers = tp.nnodes == 1;  // peer memory reaches this host's GPUs only
+  bool peers = tp.nnodes == 1 && opt.tp_peer_allreduce;  // peer memory reaches this host's GPUs only
   for (int a = 0; peers && a < local; ++a)
     for (int b = 0; b < local; ++b) {
       int ok = 1;

@@ -184,7 +184,8 @@ mx::CudaEngineOptions small_options(const std::string& dir, int nseq, int len, i
 
 E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
                   int prefill_min_tokens = 1 << 30, bool flash = true, bool fp8 = false, int step_min_tokens = 6,
-                  const mx::DenseQuant& dense = {}, int tp = 1, mx::MoeSplit moe = mx::MoeSplit::kIntermediate) {
+                  const mx::DenseQuant& dense = {}, int tp = 1, mx::MoeSplit moe = mx::MoeSplit::kIntermediate,
+                  bool peer = true) {
   const std::string dir = e2e_fixture(preset);
   mx::ModelConfig cfg = mx::load_model_config(dir);
   mx::Checkpoint ck = mx::Checkpoint::open(dir);
@@ -205,6 +206,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   opt.dense = dense;
   opt.tp.size = tp;
   opt.tp.moe = moe;
+  opt.tp_peer_allreduce = peer;
   auto gpu = mx::make_cuda_runner(opt);
 
   std::vector<std::vector<int32_t>> toks(nseq, std::vector<int32_t>(N));
@@ -412,6 +414,15 @@ TEST(TensorParallel, MiniTwoGpusExpertParallelMatchCpuReference) {
   r = run_e2e("mini", 1, 9, 6, true, 1e-1, 1 << 30, true, false, 6, {}, 2, ep);
   EXPECT_EQ(r.agree, r.total);
   r = run_e2e("mini", 12, 5, 3, true, 1e-1, 9, true, false, 6, {}, 2, ep);
+  EXPECT_EQ(r.agree, r.total);
+}
+// Every sum through NCCL (as without peer access): the o-proj's partial rows summed out of place and
+// zeroed by a memset, graph decode steps and the prefill path.
+TEST(TensorParallel, MiniTwoGpusNcclOnlyMatchCpuReference) {
+  if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  auto r = run_e2e("mini", 3, 40, 3, true, 1e-1, 1 << 30, true, false, 6, {}, 2, mx::MoeSplit::kIntermediate, false);
+  EXPECT_EQ(r.agree, r.total);
+  r = run_e2e("mini", 1, 9, 6, true, 1e-1, 1 << 30, true, false, 6, {}, 2, mx::MoeSplit::kExperts, false);
   EXPECT_EQ(r.agree, r.total);
 }
 TEST(TensorParallel, MiniTwoGpusQuantizedLayersAndFp8Cache) {

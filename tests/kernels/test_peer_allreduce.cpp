@@ -1,7 +1,7 @@
 // The one-shot peer all-reduce (kernels/comm/peer_allreduce.h) between the GPUs of this machine, one thread
 // each: exact sums for message sizes from one value to past one CTA's share, many calls in a row (the
-// epochs and the alternating buffers), a captured CUDA graph replayed, and the same result as NCCL's
-// all-reduce. Values are small multiples of 1/2, so every order of summation is exact. Needs two GPUs.
+// epochs and the alternating buffers), out of place with the input zeroed, a captured CUDA graph replayed,
+// and the same result as NCCL's all-reduce. Values are small multiples of 1/2, so every order of summation is exact. Needs two GPUs.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -74,6 +74,22 @@ TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
         cudaStreamSynchronize(s);
         check(n, call++);
       }
+    // Out of place: the sum into another buffer, the input left zero (the decode o-proj's partial rows).
+    float* o = nullptr;
+    cudaMalloc(&o, 23040 * 4);
+    for (int rep = 0; rep < 3; ++rep) {
+      const size_t m = rep == 1 ? 23040 : 2880;
+      for (size_t i = 0; i < m; ++i) h[i] = value(r, call, i);
+      cudaMemcpyAsync(d, h.data(), m * 4, cudaMemcpyHostToDevice, s);
+      ar.reduce_into(r, d, o, m, s);
+      cudaStreamSynchronize(s);
+      cudaMemcpy(got.data(), d, m * 4, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < m; ++i)
+        if (got[i] != 0.f && bad[size_t(r)].empty()) bad[size_t(r)] = "input not zeroed at " + std::to_string(i);
+      cudaMemcpy(d, o, m * 4, cudaMemcpyDeviceToDevice);
+      check(m, call++);
+    }
+    cudaFree(o);
     // A captured graph, replayed with new inputs.
     const size_t n = 23040;
     cudaGraph_t g;
