@@ -30,10 +30,10 @@ __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned* p) {
 // out[i] = sum over ranks of in[i]; zero_in (in != out): in[i] = 0 once staged.
 __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v, float* in, float* out, size_t n,
                                                              int zero_in) {
+  pdl_wait();  // the kernel before wrote `in`
   // The next kernel may launch now and issue its weight loads while the ranks exchange flags; it reads
   // the sums only after its own pdl_wait, which waits for this grid to finish.
   pdl_launch_dependents();
-  pdl_wait();  // the kernel before wrote `in`
   const int b = blockIdx.x, tid = threadIdx.x;
   const size_t per = (n + gridDim.x - 1) / gridDim.x, begin = min(n, size_t(b) * per), end = min(n, begin + per);
   const unsigned e = v.epoch[b] + 1;
