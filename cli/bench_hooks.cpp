@@ -15,7 +15,6 @@ namespace {
 // Per-op step trace capacity: a one-token layer launches ~1,540 CTAs; later records are dropped.
 constexpr size_t kOpTraceCtasPerLayer = 4096;
 
-
 // A tensor-parallel group's hooks reach rank 0 (the bench refuses the diagnostics that would desync it).
 CudaRunner& first_rank(CudaRunnerBase& r) {
   if (auto* tp = dynamic_cast<TpRunner*>(&r)) return tp->rank(0);

@@ -39,8 +39,6 @@ class NcclComm {
   // Waits for s, polling NCCL's asynchronous error; a failed peer or a wait past timeout_s aborts the
   // communicator and fails with one line.
   void sync(cudaStream_t s, double timeout_s);
-  // Ends the communicator at once (a peer failed): NCCL kernels waiting on the peers return. Later calls fail.
-  void abort();
 
  private:
   void ready(int nccl_result, const char* what);

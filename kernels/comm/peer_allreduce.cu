@@ -5,7 +5,6 @@
 // finished reading).
 #include "kernels/comm/peer_allreduce.h"
 
-#include <algorithm>
 #include <chrono>
 #include <string>
 

@@ -13,7 +13,7 @@ void TpComm::all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) const {
 }
 
 void TpComm::reduce_into(float* in, float* out, size_t n, cudaStream_t s) const {
-  if (n == 0) return;
+  if (size == 1 || n == 0) return;
   if (peer && n <= peer->max_elems()) return peer->reduce_into(rank, in, out, n, s);
   nccl->all_reduce_sum_f32(in, out, n, s);
   MX_CUDA(cudaMemsetAsync(in, 0, n * 4, s));

@@ -38,7 +38,6 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpCom
     : opt_(opt),
       cfg_(load_config(opt)),
       model_(cfg_, DeviceShape::shard(cfg_, opt.dense, rank, opt.tp.size, opt.tp.moe)) {
-  if (opt.tp.size > 1) check_tensor_parallel(opt.tp, cfg_);
   std::unique_ptr<Checkpoint> ckpt;
   if (!opt.dummy_weights) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opt.model_dir));
   MX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -39,8 +39,8 @@ DeviceShape DeviceShape::shard(const ModelConfig& c, const DenseQuant& dense, in
   const ShardDims d = shard_dims(c, rank, size, moe);
   s.Hq = d.q_heads.count; s.Hkv = d.kv_heads.count; s.I = d.inter.count;
   s.expert0 = d.experts.begin; s.experts_held = d.experts.count;
-  s.head_rows = d.vocab.count; s.head_row0 = d.vocab.begin;
-  s.tp_rank = rank; s.tp_size = size;
+  s.head_rows = d.vocab.count;
+  s.tp_size = size;
   return s;
 }
 

@@ -27,8 +27,8 @@ struct DeviceShape {
   int Hq = 0, Hkv = 0, D = 0;    // query heads, KV heads, head dim
   int E = 0, I = 0, top_k = 0;   // experts (the router's), intermediate size, experts per token
   int expert0 = 0, experts_held = 0;  // the experts whose weights this GPU holds: [expert0, expert0 + held)
-  int head_rows = 0, head_row0 = 0;  // the lm_head rows held: vocabulary [head_row0, head_row0 + head_rows)
-  int tp_rank = 0, tp_size = 1;      // this GPU's rank among the tensor-parallel ones
+  int head_rows = 0;                 // the lm_head (vocabulary) rows this GPU holds
+  int tp_size = 1;                   // GPUs of the tensor-parallel group
   DenseQuant dense;              // formats of qkv, o-proj and lm_head (--mxfp4-layers, --fp8-layers)
   int q_dim() const { return Hq * D; }
   int kv_dim() const { return Hkv * D; }

@@ -75,8 +75,8 @@ class Forward {
   DecodeRowSplits decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs, int n_decode) const;
   double kv_bytes_read(const StepView& st, const std::vector<SeqRows>& seqs, int l) const;
   void final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
-  // Tensor parallelism (docs/tensor_parallel.md). A rank other than 0 adds its partial o-proj and expert
-  // outputs to zeros, not to the residual, so the sum over ranks holds the residual once.
+  // Tensor parallelism (docs/tensor_parallel.md): the sum over ranks must hold the residual once. In a
+  // prefill step a rank other than 0 zeroes the residual rows before it adds its partial outputs.
   bool tp() const { return opt_.tp && opt_.tp->size > 1; }
   void zero_unless_rank0(float* rows, size_t n);
   // Where the decode o-proj accumulates: the residual x, or on a rank other than 0 its zeroed partial rows
