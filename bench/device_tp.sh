@@ -16,7 +16,7 @@ M="$BIN/new/mxserve"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 if [ "${TESTS:-}" != none ]; then
-  MXSERVE_FIXTURE_CACHE=/tmp/fx timeout 420 "$BIN/test_kernels" \
+  MXSERVE_FIXTURE_CACHE=/tmp/fx timeout "${TEST_TIMEOUT:-420}" "$BIN/test_kernels" \
     --gtest_filter="${TESTS:-NcclComm.*:PeerAllReduce.*:TensorParallel.*:GoldenLogitsGpu.Width120bTwoLayers*}" \
     > "$OUT/tests.log" 2>&1
   echo "tests exit $?"
@@ -60,7 +60,7 @@ for r in $(seq "${ROUNDS:-1}"); do
       echo "== $m round $r: ${sets[$i]}" >> "$log"
       n=$(wc -l < "$log")
       # shellcheck disable=SC2086  # the flag set splits into arguments
-      timeout 400 "$M" bench --preset "$m" ${sets[$i]} \
+      timeout "${BENCH_TIMEOUT:-400}" "$M" bench --preset "$m" ${sets[$i]} \
         ${BENCH:---pp 2048 --tg 128 --depth 2048 --batch 1,64 --reps 2 --gpu-memory-utilization 0.9} >> "$log" 2>&1
       echo "== $m ${sets[$i]} round $r (exit $?)"
       tail -n +"$((n + 1))" "$log" | grep -E "^\| (pp|tg)|rror|loaded"

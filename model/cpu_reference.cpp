@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/bf16.h"
@@ -138,9 +139,11 @@ void CpuReference::moe(int l) {
   // Top-k on raw logits (lowest index wins ties), then softmax over the k.
   std::vector<int>& idx = expert_idx_;
   std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + K, idx.end(), [&](int a, int b) {
+  const int ranked = std::min(E, K + 1);  // the first expert left out too, for route_margin
+  std::partial_sort(idx.begin(), idx.begin() + ranked, idx.end(), [&](int a, int b) {
     return router_[a] > router_[b] || (router_[a] == router_[b] && a < b);
   });
+  if (E > K) route_margin_ = std::min(route_margin_, router_[idx[K - 1]] - router_[idx[K]]);
   std::vector<float>& g = expert_w_;
   float m = router_[idx[0]];
   double z = 0;
@@ -184,6 +187,7 @@ void CpuReference::moe(int l) {
 void CpuReference::forward_token(int32_t token, int pos, const int32_t* block_table, const int32_t* sliding_table,
                                  CpuKvCache& kv, float* logits) {
   const int H = cfg_.hidden_size, D = cfg_.head_dim;
+  route_margin_ = std::numeric_limits<float>::infinity();
   for (int i = 0; i < H; ++i) x_[i] = bf16_to_f32(w_.embed[size_t(token) * H + i]);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& L = w_.layers[l];

@@ -38,6 +38,10 @@ class CpuReference {
   // [vocab_size] of this position.
   void forward_token(int32_t token, int pos, const int32_t* block_table, const int32_t* sliding_table, CpuKvCache& kv,
                      float* logits);
+  // The smallest gap, over the layers of the last forward_token, between the k-th and the (k+1)-th router
+  // logit: below the activations' rounding (bf16 on the GPU) another implementation may route the token
+  // to the other expert, a legitimate difference in that position's output.
+  float route_margin() const { return route_margin_; }
 
  private:
   void matvec_bf16(const uint16_t* w, const uint16_t* bias, const float* x, float* y, int rows, int cols);
@@ -53,6 +57,7 @@ class CpuReference {
   // Scratch, sized once.
   std::vector<float> x_, t_, q_, k_, v_, attn_, proj_, router_, h_, act_, y_, moe_out_, expert_w_;
   std::vector<int> expert_idx_;
+  float route_margin_ = 0.f;
   std::vector<float> scores_;  // attention scores of one head; grows to the longest context seen
 };
 
