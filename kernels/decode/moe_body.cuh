@@ -22,7 +22,9 @@ constexpr int kFc1U = 4, kFc2U = 4;
 constexpr int kFc1Split = 1, kFc2Split = 2;
 
 // Grid of each expert kernel: (row-tile CTAs, distinct-expert slots).
-__host__ __device__ inline int fc1_ctas(int I) { return (I / 8 + kMoeWarps / kFc1Split - 1) / (kMoeWarps / kFc1Split); }
+__host__ __device__ inline int fc1_ctas(int I, int ksplit = kFc1Split) {
+  return (I / 8 + kMoeWarps / ksplit - 1) / (kMoeWarps / ksplit);
+}
 __host__ __device__ inline int fc2_ctas(int H) {
   return ((H + 15) / 16 + kMoeWarps / kFc2Split - 1) / (kMoeWarps / kFc2Split);
 }

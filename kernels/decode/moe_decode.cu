@@ -60,7 +60,8 @@ __device__ __forceinline__ T pick4(const T (&v)[kTopK], int j) {
   return j == 0 ? v[0] : j == 1 ? v[1] : j == 2 ? v[2] : v[3];
 }
 
-__device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, const unsigned long long* tbuf) {
+template <int KSPLIT>
+__device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, float* red, const unsigned long long* tbuf) {
   if (p.route_acc && threadIdx.x == 0) {  // read after the wait (l2_prefetch.cuh)
     l2_prefetch_keep(p.norm_w, p.H * 2);
     l2_prefetch_keep(p.router_bias, p.E * 2);
@@ -84,28 +85,35 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, c
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
   if (!held(p, e)) return;  // another GPU's expert
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.x * kMoeWarps + warp, ntiles = I / 8;
+  const int tile = blockIdx.x * (kMoeWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = I / 8;
   // Fragment rows g / g + 8 are gate row 2i / up row 2i + 1 of activation i.
   const int i = min(tile, ntiles - 1) * 8 + g;
   const size_t rA = size_t(e) * 2 * I + 2 * i;
   int s0;
-  e4m3::Pipe<kM1U> pipe = expert_pipe<1, kM1U, true>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, 0, t, s0);
+  e4m3::Pipe<kM1U> pipe = expert_pipe<KSPLIT, kM1U, true>(p.fc1_blocks, p.fc1_scales, rA, rA + 1, H, kp, t, s0);
   const float bg = bf(p.fc1_bias[rA]), bu = bf(p.fc1_bias[rA + 1]);  // the epilogue's, in flight with the weights
   if (p.route_acc) e4m3::stage_split_rest(norm, H, raw, xst);
   else e4m3::stage_split(p.xn, H, xst);
   __syncthreads();
   const float2 v = e4m3::tile_run(pipe, xst, H, s0);
-  if (tile >= ntiles || t != 0) return;
-  const float gate = fminf(v.x + bg, p.limit);
-  const float up = fminf(fmaxf(v.y + bu, -p.limit), p.limit);
+  float c[4] = {v.x, 0.f, v.y, 0.f};
+  reduce_ksplit(c, red, KSPLIT);
+  if (kp != 0 || tile >= ntiles || t != 0) return;
+  const float gate = fminf(c[0] + bg, p.limit);
+  const float up = fminf(fmaxf(c[2] + bu, -p.limit), p.limit);
   const float glu = gate / (1.f + expf(-p.alpha * gate));
   p.act[size_t(j) * I + i] = uint16_t(f32_to_bf16_bits(glu * (up + 1.f)));
 }
 
+// KSPLIT 2: two warps a tile, each half of K, for grids of under two CTAs an SM (a tensor-parallel rank's
+// half of the intermediate rows): the per-warp chain of loads halves where the grid alone would not fill
+// the GPU.
+template <int KSPLIT>
 __global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint8_t xst[];
+  __shared__ float red[KSPLIT > 1 ? kMoeWarps * 32 * 4 : 1];
   trace_begin(p.trace);
-  fc1_m1(p, xst, p.trace.buf);
+  fc1_m1<KSPLIT>(p, xst, red, p.trace.buf);
   trace_end(p.trace, 4);
 }
 
@@ -164,6 +172,19 @@ bool use_m1(int M) {
 }
 bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M); }
 
+// The one-token FC1's K split: 2 where one warp a tile leaves the grid under two CTAs an SM.
+int fc1_m1_ksplit(const MoeDecodeParams& p) {
+  static std::atomic<int> sms[64];  // 0: not read yet
+  int dev = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  int n = sms[dev & 63].load(std::memory_order_relaxed);
+  if (!n) {
+    MX_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    sms[dev & 63].store(n, std::memory_order_relaxed);
+  }
+  return fc1_ctas(p.I, 1) * moe_slots(1, p.E) < 2 * n ? 2 : 1;
+}
+
 void check(const MoeDecodeParams& p) {
   if (p.M < 1 || p.M > kMaxDecodeTokens) throw_error("moe decode: M must be 1..8, got " + std::to_string(p.M));
   if (p.E < kTopK || p.E > 128) throw_error("moe decode: expert count must be 4..128");
@@ -181,7 +202,10 @@ void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   const bool m1 = use_m1(p);
   if (p.route_acc && !m1) throw_error("moe decode: route_acc needs the one-token FP8 path");
   if (m1) {
-    launch_pdl(fc1_m1_k, dim3(fc1_ctas(p.I), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
+    const int ks = fc1_m1_ksplit(p);
+    const dim3 grid(fc1_ctas(p.I, ks), moe_slots(1, p.E));
+    if (ks == 2) launch_pdl(fc1_m1_k<2>, grid, dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
+    else launch_pdl(fc1_m1_k<1>, grid, dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
     return;
   }
   launch_pdl(fc1_k, dim3(fc1_ctas(p.I), moe_slots(p.M, p.E)), dim3(128),
