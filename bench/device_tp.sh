@@ -6,7 +6,11 @@
 #      the two arrangements agree bit for bit).
 #   3. The engine under each flag set in turn (SETTINGS, ;-separated; default TP=1, TP=2, TP=2 with whole
 #      experts a GPU), per model (MODELS), bench arguments BENCH, ROUNDS.
-# BIN as device_ab.sh: new/mxserve (optionally gzipped), test_kernels and lib/. Logs go to $OUT.
+#   4. TRACE=1: the one-token step's per-CTA timeline (`bench --step-trace`, rank 0's under TP) at TP=1
+#      and TP=2 for the first model; the per-phase summary is printed.
+# BIN as device_ab.sh: new/mxserve (optionally gzipped), test_kernels and lib/. Logs go to $OUT, and at
+# the end all of them in $OUT/all.tgz (the device returns at most 8 files; the others are removed).
+# TEST_TIMEOUT, BENCH_TIMEOUT: seconds for the tests and for each bench run.
 set -u
 cd "$(dirname "$0")/.."
 source bench/device_run_env.sh /tmp/mxserve-device
@@ -67,3 +71,13 @@ for r in $(seq "${ROUNDS:-1}"); do
     done
   done
 done
+if [ "${TRACE:-0}" = 1 ]; then
+  m=$(echo "${MODELS:-120b 20b}" | awk '{print $1}')
+  for tp in 1 2; do
+    timeout "${BENCH_TIMEOUT:-400}" "$M" bench --preset "$m" --pp 16 --tg 64 --depth 2048 --batch 1 --reps 1 \
+      --tensor-parallel-size $tp --step-trace "$OUT/trace_${m}_tp$tp.csv" > "$OUT/trace_${m}_tp$tp.log" 2>&1
+    echo "== $m step trace TP=$tp (exit $?)"
+    grep -A12 "per-op step trace" "$OUT/trace_${m}_tp$tp.log"
+  done
+fi
+(cd "$OUT" && tar czf /tmp/all.tgz --exclude all.tgz . && find . -type f ! -name all.tgz -delete && mv /tmp/all.tgz .)

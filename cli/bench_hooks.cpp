@@ -15,18 +15,28 @@ namespace {
 // Per-op step trace capacity: a one-token layer launches ~1,540 CTAs; later records are dropped.
 constexpr size_t kOpTraceCtasPerLayer = 4096;
 
-// A tensor-parallel group's hooks reach rank 0 (the bench refuses the diagnostics that would desync it).
-CudaRunner& first_rank(CudaRunnerBase& r) {
-  if (auto* tp = dynamic_cast<TpRunner*>(&r)) return tp->rank(0);
-  return static_cast<CudaRunner&>(r);
+// A tensor-parallel group's hooks read rank 0; what changes the steps' launches (the trace) reaches every
+// local rank alike, so that all make the same decode-ahead decisions and run the same collectives. Local
+// rank r runs on device r; the hooks' allocations and copies run on this thread.
+std::vector<CudaRunner*> local_ranks(CudaRunnerBase& r) {
+  auto* tp = dynamic_cast<TpRunner*>(&r);
+  if (!tp) return {static_cast<CudaRunner*>(&r)};
+  std::vector<CudaRunner*> v;
+  for (int i = 0; i < tp->local_ranks(); ++i) v.push_back(&tp->rank(i));
+  MX_CUDA(cudaSetDevice(0));
+  return v;
 }
 }  // namespace
 
-CudaBenchHooks::CudaBenchHooks(CudaRunnerBase& runner) : r_(first_rank(runner)) {}
+CudaBenchHooks::CudaBenchHooks(CudaRunnerBase& runner) : ranks_(local_ranks(runner)), r_(*ranks_[0]) {}
 
 void CudaBenchHooks::changed() {
-  r_.ahead_.active = false;
-  r_.graphs_.clear();  // captured with the old settings
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_.size() > 1) MX_CUDA(cudaSetDevice(int(i)));
+    ranks_[i]->ahead_.active = false;
+    ranks_[i]->graphs_.clear();  // captured with the old settings
+  }
+  if (ranks_.size() > 1) MX_CUDA(cudaSetDevice(0));
 }
 
 void CudaBenchHooks::set_profiling(bool on) {
@@ -46,9 +56,14 @@ void CudaBenchHooks::set_decode_skip(uint32_t mask) {
 
 void CudaBenchHooks::set_step_trace(bool on) {
   if (on == (r_.probe_.trace != nullptr)) return;
-  const DeviceShape& s = r_.model_.shape;
-  const size_t items = cuda::decode_step_items(cuda::kDecodeMaxTokens, s.layers, s.H, s.I, s.E, s.Hq, s.Hkv, s.D);
-  r_.probe_.set_trace(on, std::max(items * 4, size_t(s.layers) * kOpTraceCtasPerLayer * 4));
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_.size() > 1) MX_CUDA(cudaSetDevice(int(i)));
+    CudaRunner& r = *ranks_[i];
+    const DeviceShape& s = r.model_.shape;
+    const size_t items = cuda::decode_step_items(cuda::kDecodeMaxTokens, s.layers, s.H, s.I, s.E, s.Hq, s.Hkv, s.D);
+    r.probe_.set_trace(on, std::max(items * 4, size_t(s.layers) * kOpTraceCtasPerLayer * 4));
+  }
+  if (ranks_.size() > 1) MX_CUDA(cudaSetDevice(0));
   changed();
 }
 

@@ -25,7 +25,8 @@ class CudaBenchHooks {
   // results are garbage), so graph replays time each kind's marginal cost.
   void set_decode_skip(uint32_t mask);
   // The following steps record their timeline: the persistent step's items (kind 0) or the per-op
-  // kernels' CTA records (kind 2; cta_trace.h), 4 words each.
+  // kernels' CTA records (kind 2; cta_trace.h), 4 words each; under tensor parallelism every local rank
+  // records and rank 0's timeline is read.
   void set_step_trace(bool on);
   std::vector<uint64_t> last_step_trace() const;
   int last_step_trace_kind() const;
@@ -34,8 +35,9 @@ class CudaBenchHooks {
   double replay_decode_graph_ms(int M, int n);
 
  private:
-  void changed();
-  CudaRunner& r_;
+  void changed();  // every local rank
+  std::vector<CudaRunner*> ranks_;  // this node's ranks (one without tensor parallelism)
+  CudaRunner& r_;                   // rank 0: what the hooks read
 };
 
 }  // namespace mx

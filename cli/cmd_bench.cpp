@@ -126,7 +126,7 @@ void print_graph_marginals(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTab
 // Per phase of the six launches per layer, averaged over layers (attention split by window): how long
 // after the previous kernel's last CTA exits the CTAs pass their wait, the last CTA's exit after that,
 // and the phase's share of the layer (last exit - previous last exit). Records: 4 words (cta_trace.h).
-void summarize_op_trace(const std::vector<uint64_t>& t, int layers) {
+void summarize_op_trace(const std::vector<uint64_t>& t, int layers, bool tp) {
   constexpr int kPhases = 6;
   struct Agg { uint64_t first = ~0ull, wait_lo = ~0ull, wait_hi = 0, last = 0; std::vector<uint64_t> waits; };
   std::vector<Agg> a(size_t(layers) * kPhases);
@@ -169,6 +169,7 @@ void summarize_op_trace(const std::vector<uint64_t>& t, int layers) {
     total += span[k] / n[k] * (k == 1 || k == kPhases ? 0.5 : 1.0);
   }
   std::fprintf(stderr, "  layer: %.2f us\n", total / 1e3);
+  if (tp) std::fprintf(stderr, "  (tensor parallel: the sums over ranks run before the router and before qkv, in their release)\n");
 }
 
 // The decode step's timeline of one batch-1 step at the given depth, as CSV: per item (the
@@ -176,7 +177,7 @@ void summarize_op_trace(const std::vector<uint64_t>& t, int layers) {
 // 1 attention, 2 o-proj, 3 router, 4 FC1, 5 FC2), sm, and the entry / wait satisfied (0: none) / exit
 // times in ns from the step's first item.
 void write_step_trace(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& bt, int depth,
-                      const std::string& path) {
+                      const std::string& path, bool tp) {
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
@@ -200,7 +201,7 @@ void write_step_trace(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& 
   }
   std::fclose(f);
   std::fprintf(stderr, "step trace: %zu items written to %s\n", t.size() / 4, path.c_str());
-  if (kind == 2) summarize_op_trace(t, r.config().num_layers);
+  if (kind == 2) summarize_op_trace(t, r.config().num_layers, tp);
 }
 
 void run_bench(const BenchOptions& o) {
@@ -226,8 +227,12 @@ void run_bench(const BenchOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   eo.use_graphs = !o.no_graphs;
   eo.tp = o.tp;
-  if (o.tp.size > 1 && (o.breakdown || !o.step_trace.empty()))
-    fail("--breakdown and --step-trace profile one GPU's kernels; run them without --tensor-parallel-size");
+  // The breakdown launches and times one GPU's kernels on their own, which the other ranks would not match;
+  // the step trace only records rank 0's CTAs inside the steps every rank runs.
+  if (o.tp.size > 1 && o.breakdown)
+    fail("--breakdown profiles one GPU's kernels; run it without --tensor-parallel-size (--step-trace works)");
+  if (o.tp.nnodes > 1 && !o.step_trace.empty())
+    fail("--step-trace under tensor parallelism needs every rank on this host (--nnodes 1)");
   auto r = make_cuda_runner(eo);
   if (o.tp.node_rank > 0) {  // started with node 0's flags: its GPUs run node 0's steps
     run_remote_steps(*r);
@@ -417,7 +422,7 @@ void run_bench(const BenchOptions& o) {
                       copy_gbps);
     }
   }
-  if (!o.step_trace.empty()) write_step_trace(*r, hooks, bt0, o.depth, o.step_trace);
+  if (!o.step_trace.empty()) write_step_trace(*r, hooks, bt0, o.depth, o.step_trace, o.tp.size > 1);
   if (o.json) {
     std::printf("{\"model\":\"%s\",\"gpu\":\"%s\",\"depth\":%d,\"copy_gbps\":%.1f,\"rows\":\"%s\","
                 "\"tensor_parallel_size\":%d,\"expert_parallel\":%s,\"results\":[",
@@ -469,7 +474,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--json", o->json, "JSON output");
   cmd->add_option("--step-trace", o->step_trace,
                   "write the timeline of a 1-token decode step (CSV) here: per CTA of the six launches per layer "
-                  "(default; a summary goes to stderr) or the persistent step's items (--decode-step-min-tokens 1)");
+                  "(default; a summary goes to stderr) or the persistent step's items (--decode-step-min-tokens 1); "
+                  "under --tensor-parallel-size, rank 0's");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
   cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
   cmd->add_option("--decode-step-min-tokens", o->decode_step_min_tokens,

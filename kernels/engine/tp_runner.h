@@ -30,6 +30,7 @@ class TpRunner final : public CudaRunnerBase {
   void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override { group_->step(seqs, out); }
   void run_remote_steps() { group_->run_remote_steps(); }
   CudaRunner& rank(int local);
+  int local_ranks() const { return group_->local_ranks(); }
 
  private:
   std::unique_ptr<ModelRunner> set_up(int local, const std::string& nccl_id);

@@ -303,7 +303,7 @@ struct ProbeModel : MiniModel {
           for (size_t i = 0; i < H; ++i) v[r * H + i] = f32_to_bf16(r == i ? 1.0f : 0.0f);
   }
   uint16_t* mut(const uint16_t* p) { return const_cast<uint16_t*>(p); }
-  std::vector<float> run(int token) {
+  std::vector<float> run(int token, float* route_margin = nullptr) {
     mx::ThreadPool pool(1);
     mx::CpuReference ref(cfg, w, &pool);
     mx::CpuKvCache kv;
@@ -311,6 +311,7 @@ struct ProbeModel : MiniModel {
     const int32_t table[1] = {0};
     std::vector<float> logits(cfg.vocab_size);
     ref.forward_token(token, 0, table, table, kv, logits.data());  // one layer: no sharing
+    if (route_margin) *route_margin = ref.route_margin();
     return logits;
   }
   std::vector<double> rmsnorm(std::vector<double> x) const {
@@ -356,6 +357,20 @@ TEST(CpuReference, RouterTiesGoToLowestIndex) {
   auto want = m.rmsnorm(x);
   auto got = m.run(token);
   for (int i = 0; i < H; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+}
+
+// route_margin: the gap between the last expert taken and the first left out (the tests' near-tie check).
+TEST(CpuReference, RouteMarginIsTheGapBelowTheTopK) {
+  ProbeModel m(probe_config());
+  uint16_t* rb = m.mut(m.w.layers[0].router_b);
+  const float rl[6] = {-1, 1, 0.5f, 0.25f, 1, 0};  // top-3 {1, 4, 2}; the first left out: 3, 0.25 below
+  for (int e = 0; e < 6; ++e) rb[e] = f32_to_bf16(rl[e]);
+  float margin = -1;
+  m.run(9, &margin);
+  EXPECT_FLOAT_EQ(margin, 0.25f);
+  rb[3] = f32_to_bf16(0.5f);  // a tie with the third: no margin
+  m.run(9, &margin);
+  EXPECT_FLOAT_EQ(margin, 0.f);
 }
 
 TEST(CpuReference, SwigluClampsGateAndUp) {
