@@ -3,7 +3,7 @@
 #   1. The group's GPU tests (TESTS, a gtest filter; none to skip).
 #   2. Two processes with one GPU each (--nnodes 2 on one host) against one process with both GPUs: the
 #      same greedy text from `generate` on the mini fixture (with two ranks every sum is one addition, so
-#      the two arrangements agree bit for bit).
+#      the two arrangements agree bit for bit); then a node killed mid-service. NODES=0 skips both.
 #   3. The engine under each flag set in turn (SETTINGS, ;-separated; default TP=1, TP=2, TP=2 with whole
 #      experts a GPU), per model (MODELS), bench arguments BENCH, ROUNDS.
 #   4. TRACE=1: the one-token step's per-CTA timeline (`bench --step-trace`, rank 0's under TP) at TP=1
