@@ -169,7 +169,8 @@ void summarize_op_trace(const std::vector<uint64_t>& t, int layers, bool tp) {
     total += span[k] / n[k] * (k == 1 || k == kPhases ? 0.5 : 1.0);
   }
   std::fprintf(stderr, "  layer: %.2f us\n", total / 1e3);
-  if (tp) std::fprintf(stderr, "  (tensor parallel: the sums over ranks run before the router and before qkv, in their release)\n");
+  if (tp)
+    std::fprintf(stderr, "  (tensor parallel: the sums over ranks run before the router and qkv, in their release)\n");
 }
 
 // The decode step's timeline of one batch-1 step at the given depth, as CSV: per item (the

@@ -61,7 +61,8 @@ __device__ __forceinline__ T pick4(const T (&v)[kTopK], int j) {
 }
 
 template <int KSPLIT>
-__device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, float* red, const unsigned long long* tbuf) {
+__device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, float* red,
+                                       const unsigned long long* tbuf) {
   if (p.route_acc && threadIdx.x == 0) {  // read after the wait (l2_prefetch.cuh)
     l2_prefetch_keep(p.norm_w, p.H * 2);
     l2_prefetch_keep(p.router_bias, p.E * 2);

@@ -407,7 +407,8 @@ void expect_tp_like_one_gpu(int nseq, int P, int steps, int prefill_min_tokens,
   const double tol = 1e-1;
   const E2eResult one = run_e2e("mini", nseq, P, steps, true, 1.0, prefill_min_tokens);
   const double tol_tp = std::max(tol, 1.25 * one.worst);
-  const E2eResult two = run_e2e("mini", nseq, P, steps, true, tol_tp, prefill_min_tokens, true, false, 6, {}, 2, moe, peer);
+  const E2eResult two =
+      run_e2e("mini", nseq, P, steps, true, tol_tp, prefill_min_tokens, true, false, 6, {}, 2, moe, peer);
   EXPECT_EQ(two.agree, two.total) << nseq << " seqs";
   std::printf("  two GPUs %.3e against one GPU %.3e (tolerance %.3e)\n", two.worst, one.worst, tol_tp);
 }
