@@ -136,6 +136,16 @@ TEST(GoldenLogitsGpu, Width120bTwoLayersTwoGpus) {
   check_gpu_golden("w120_l2.json", 0, false, {}, 0, 2, mx::MoeSplit::kExperts);
   check_gpu_golden("w120_l2.json", 64, false, {}, 0, 2, mx::MoeSplit::kExperts);
 }
+// Four GPUs (nvidia-h100-x4): 2 KV heads, 768 / 704 intermediate columns and a quarter of the vocabulary a
+// rank; decode steps on the intermediate split, a prefill step on whole experts (32 a GPU).
+TEST(GoldenLogitsGpu, Width120bTwoLayersFourGpus) {
+  int n = 0;
+  std::string why;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 4 || !mx::cuda::nccl_available(&why))
+    GTEST_SKIP() << "needs four GPUs and libnccl.so.2";
+  check_gpu_golden("w120_l2.json", 0, false, {}, 0, 4);
+  check_gpu_golden("w120_l2.json", 64, false, {}, 0, 4, mx::MoeSplit::kExperts);
+}
 TEST(GoldenLogitsGpu, TinyMxfp4DenseLayers) {
   check_gpu_golden("tiny.json", 0, false, mx::parse_dense_quant("all", "none"), 0.275);
   check_gpu_golden("tiny.json", 64, false, mx::parse_dense_quant("all", "none"), 0.275);
