@@ -126,11 +126,13 @@ TEST(GoldenLogitsGpu, Width120bTwoLayersFp8KvCache) { check_gpu_golden("w120_l2.
 TEST(GoldenLogitsGpu, Width120bPrefillStepFp8KvCache) { check_gpu_golden("w120_l2.json", 64, true); }
 // Tensor parallelism over two GPUs at gpt-oss's widths (4 KV heads, 1,472 / 1,408 intermediate columns and
 // half the vocabulary a rank): the one-GPU tolerance, decode and prefill steps.
-TEST(GoldenLogitsGpu, Width120bTwoLayersTwoGpus) {
+bool gpus_with_nccl(int want) {
   int n = 0;
   std::string why;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2 || !mx::cuda::nccl_available(&why))
-    GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  return cudaGetDeviceCount(&n) == cudaSuccess && n >= want && mx::cuda::nccl_available(&why);
+}
+TEST(GoldenLogitsGpu, Width120bTwoLayersTwoGpus) {
+  if (!gpus_with_nccl(2)) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   check_gpu_golden("w120_l2.json", 0, false, {}, 0, 2);
   check_gpu_golden("w120_l2.json", 64, false, {}, 0, 2);
   check_gpu_golden("w120_l2.json", 0, false, {}, 0, 2, mx::MoeSplit::kExperts);
@@ -139,10 +141,7 @@ TEST(GoldenLogitsGpu, Width120bTwoLayersTwoGpus) {
 // Four GPUs (nvidia-h100-x4): 2 KV heads, 768 / 704 intermediate columns and a quarter of the vocabulary a
 // rank; decode steps on the intermediate split, a prefill step on whole experts (32 a GPU).
 TEST(GoldenLogitsGpu, Width120bTwoLayersFourGpus) {
-  int n = 0;
-  std::string why;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 4 || !mx::cuda::nccl_available(&why))
-    GTEST_SKIP() << "needs four GPUs and libnccl.so.2";
+  if (!gpus_with_nccl(4)) GTEST_SKIP() << "needs four GPUs and libnccl.so.2";
   check_gpu_golden("w120_l2.json", 0, false, {}, 0, 4);
   check_gpu_golden("w120_l2.json", 64, false, {}, 0, 4, mx::MoeSplit::kExperts);
 }
