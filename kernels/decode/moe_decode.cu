@@ -155,34 +155,40 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   trace_end(p.trace, 5);
 }
 
-// The one-token FP8 path: sm_89+ (the current device's; its compute capability read once per device).
-bool use_m1(int M) {
-  if (M != 1) return false;
-  static std::atomic<int> cc[64];  // 0: not read yet
+// A property of the current device, read once per device (cache: one slot a device, 0 = not read yet).
+template <class Read>
+int per_device(std::atomic<int> (&cache)[64], Read read) {
   int dev = 0;
   MX_CUDA(cudaGetDevice(&dev));
-  int v = cc[dev & 63].load(std::memory_order_relaxed);
+  int v = cache[dev & 63].load(std::memory_order_relaxed);
   if (!v) {
-    int major = 0, minor = 0;
-    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    v = major * 10 + minor;
-    cc[dev & 63].store(v, std::memory_order_relaxed);
+    v = read(dev);
+    cache[dev & 63].store(v, std::memory_order_relaxed);
   }
-  return v >= 89;
+  return v;
+}
+
+// The one-token FP8 path: sm_89+.
+bool use_m1(int M) {
+  if (M != 1) return false;
+  static std::atomic<int> cc[64];
+  return per_device(cc, [](int dev) {
+           int major = 0, minor = 0;
+           MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+           MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+           return major * 10 + minor;
+         }) >= 89;
 }
 bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M); }
 
 // The one-token FC1's K split: 2 where one warp a tile leaves the grid under two CTAs an SM.
 int fc1_m1_ksplit(const MoeDecodeParams& p) {
-  static std::atomic<int> sms[64];  // 0: not read yet
-  int dev = 0;
-  MX_CUDA(cudaGetDevice(&dev));
-  int n = sms[dev & 63].load(std::memory_order_relaxed);
-  if (!n) {
-    MX_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    sms[dev & 63].store(n, std::memory_order_relaxed);
-  }
+  static std::atomic<int> sms[64];
+  const int n = per_device(sms, [](int dev) {
+    int v = 0;
+    MX_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  });
   return fc1_ctas(p.I, 1) * moe_slots(1, p.E) < 2 * n ? 2 : 1;
 }
 
