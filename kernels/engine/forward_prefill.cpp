@@ -33,6 +33,8 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
 
   // The MoE's tiles for this step's M (the grids stay as small as the step allows).
   const int tile_rows = cuda::moe_prefill_tile_rows(M, k, E), tiles = cuda::moe_prefill_max_tiles(M, k, E);
+  // Sparse tiles (wide decode steps) run on FP8 tensor cores where the GPU has wgmma.
+  const bool fp8_moe = tile_rows == cuda::kMoeTileRowsSparse && cuda::moe_fp8_available();
   const DecodeRowSplits mma_splits = decode_row_splits(st, seqs, n_decode);
   cuda::launch_embed_bf16(model_.embed, m.tok, a.xa, M, H, s);
   mark("embed", 0);
@@ -105,11 +107,20 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     const ExpertWeights w = expert_weights(l);
     g.blocks = w.up_blocks; g.scales = w.up_scales; g.bias = w.up_bias; g.x = a.xn; g.act = a.act_bf;
     g.N = 2 * I; g.K = H;
-    cuda::moe_fc1_prefill(g, s);
+    if (fp8_moe) {  // FC1's hi/lo operand in y_slot's scratch (free until FC2), the activation in act_bf's
+      uint8_t* xq = reinterpret_cast<uint8_t*>(a.ysl);
+      float* xinv = reinterpret_cast<float*>(xq + align256(size_t(M) * cuda::moe_fp8_row_bytes(H)));
+      cuda::moe_quant_fp8(a.xn, M, H, xq, xinv, s);
+      g.xq = xq; g.xinv = xinv; g.act_q = reinterpret_cast<uint8_t*>(a.act_bf);
+      cuda::moe_fc1_fp8(g, s);
+    } else {
+      cuda::moe_fc1_prefill(g, s);
+    }
     probe_.mark_experts("moe_fc1_prefill", double(ls.up_blocks + ls.up_scales + ls.up_bias) / E, l, s);
     g.blocks = w.down_blocks; g.scales = w.down_scales; g.bias = w.down_bias; g.x = a.act_bf; g.y_slot = a.ysl;
-    g.N = H; g.K = I;
-    cuda::moe_fc2_prefill(g, s);
+    g.N = H; g.K = I; g.xq = g.act_q;
+    if (fp8_moe) cuda::moe_fc2_fp8(g, s);
+    else cuda::moe_fc2_prefill(g, s);
     probe_.mark_experts("moe_fc2_prefill", double(ls.down_blocks + ls.down_scales + ls.down_bias) / E, l, s);
     zero_unless_rank0(a.xa, size_t(M) * H);
     if (d.holds_all_experts()) cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s);

@@ -35,7 +35,8 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   p.activation_sizes = {
       T * H * 4, T * H * 4, T * d.qkv_dim() * 4, T * E * 4, T * k * 4, T * k * H * 4,  // xa .. ysl
       S * V * 4, S * 8, size_t(d.D) * 2, attn_part,
-      T * H * 2, T * d.q_dim() * 2, T * d.q_dim() * 2, T * k * I * 2, S * H * 2,  // bf16
+      T * H * 2, T * d.q_dim() * 2, T * d.q_dim() * 2, T * k * std::max(I * 2, cuda::moe_fp8_row_bytes(int(I))),
+      S * H * 2,  // bf16 (act_bf also holds the FP8 MoE's hi/lo activation rows)
       T * k * 4, T * d.Hkv * cuda::kAttnDecodeGroup * 4,                         // eidx, tickets
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(p.moe_max_tiles) * 4, size_t(p.moe_max_tiles) * 4, 4,
       T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,                // moe routing, argmax

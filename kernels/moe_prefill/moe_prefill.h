@@ -72,6 +72,11 @@ struct MoeGemmPrefillParams {
   float* y_slot = nullptr;          // FC2 out: fp32 [T*k, N] indexed by slot
   int N = 0, K = 0;                 // FC1: N = 5760, K = 2880; FC2: N = 2880, K = 2880
   float alpha = 1.702f, limit = 7.0f;
+  // The FP8 path (moe_fc1_fp8 / moe_fc2_fp8): FC1 reads xq (per token) and xinv, writes act_q; FC2
+  // reads act_q as its xq (sorted rows).
+  const uint8_t* xq = nullptr;      // e4m3 hi/lo rows [rows, moe_fp8_row_bytes(K)]
+  const float* xinv = nullptr;      // FC1: [T] 2^-xs of each token's hi/lo rows
+  uint8_t* act_q = nullptr;         // FC1 out: [T*k, moe_fp8_row_bytes(N / 2)] (sorted rows)
 };
 void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
 void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
@@ -79,6 +84,22 @@ void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
 // [expert_lo, expert_hi) (expert parallelism: the others were computed on another GPU).
 void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s,
                          const int32_t* topk_idx = nullptr, int expert_lo = 0, int expert_hi = 1 << 30);
+
+// ---- Wide steps on FP8 tensor cores (sm_90a wgmma; moe_fp8.cu has the why) ----
+// Operands are e4m3 hi/lo rows: x 2^xs = hi + lo, the hi row then the lo row, each moe_fp8_kpad(K)
+// bytes with value v at moe_fp8_pos(v) (the k order the kernel's A fragments take), zeros past K.
+// Tiles of kMoeTileRowsSparse rows only (the same route as moe_fc1_prefill's sparse tiles).
+constexpr float kMoeFp8ActScale = 4.f;  // FC2's operand: |SwiGLU| <= limit * (limit + 1) = 56 -> 224 < 448
+__host__ __device__ inline int moe_fp8_kpad(int K) { return (K + 127) / 128 * 128; }
+__host__ __device__ inline int moe_fp8_pos(int v) {
+  return (4 * (v >> 7) + ((v >> 3) & 3)) * 32 + 16 * ((v >> 2) & 1) + 4 * ((v >> 5) & 3) + (v & 3);
+}
+inline size_t moe_fp8_row_bytes(int K) { return 2 * size_t(moe_fp8_kpad(K)); }
+bool moe_fp8_available();  // the current device runs the sm_90a kernels
+// xq [T, moe_fp8_row_bytes(K)] and xinv [T] from bf16 x [T, K] (one power-of-two scale a row).
+void moe_quant_fp8(const uint16_t* x, int T, int K, uint8_t* xq, float* xinv, cudaStream_t s);
+void moe_fc1_fp8(const MoeGemmPrefillParams& p, cudaStream_t s);
+void moe_fc2_fp8(const MoeGemmPrefillParams& p, cudaStream_t s);
 
 // CPU reference of the whole block (host pointers): resid[t] += sum_j w * (W2 . swiglu(W1 . x + b1) + b2),
 // with x and the activation rounded to bf16 like the GPU path.

@@ -38,12 +38,14 @@ std::vector<T> to_host(const T* d, size_t n) {
 }
 
 // tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64.
-struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; };
+// fp8: the wide-step FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16-row tiles.
+struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; };
 
 class MoePrefill : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MoePrefill, MatchesReference) {
   const Case c = GetParam();
+  if (c.fp8 && !moe_fp8_available()) GTEST_SKIP() << "the FP8 MoE needs an sm_90 GPU";
   const int k = 4, H = c.H, I = c.I, E = c.E, T = c.T;
   std::mt19937 g(7);
   std::uniform_int_distribution<int> byte(0, 255), sc(118, 122);
@@ -110,11 +112,23 @@ TEST_P(MoePrefill, MatchesReference) {
   f.tile_rows = tile_rows;
   f.blocks = to_dev(b1); f.scales = to_dev(s1); f.bias = to_dev(bias1); f.x = to_dev(x);
   f.act = dev<uint16_t>(size_t(T) * k * I); f.N = 2 * I; f.K = H;
-  moe_fc1_prefill(f, nullptr);
+  uint8_t* xq = nullptr;
+  float* xinv = nullptr;
+  if (c.fp8) {  // scratch filled with 0xff (e4m3 NaN): every byte a kernel reads must have been written
+    xq = dev<uint8_t>(size_t(T) * moe_fp8_row_bytes(H));
+    xinv = dev<float>(T);
+    f.act_q = dev<uint8_t>(size_t(T) * k * moe_fp8_row_bytes(I));
+    moe_quant_fp8(f.x, T, H, xq, xinv, nullptr);
+    f.xq = xq; f.xinv = xinv;
+    moe_fc1_fp8(f, nullptr);
+  } else {
+    moe_fc1_prefill(f, nullptr);
+  }
   MoeGemmPrefillParams f2 = f;
-  f2.blocks = to_dev(b2); f2.scales = to_dev(s2); f2.bias = to_dev(bias2); f2.x = f.act;
+  f2.blocks = to_dev(b2); f2.scales = to_dev(s2); f2.bias = to_dev(bias2); f2.x = f.act; f2.xq = f.act_q;
   f2.y_slot = dev<float>(size_t(T) * k * H); f2.N = H; f2.K = I;
-  moe_fc2_prefill(f2, nullptr);
+  if (c.fp8) moe_fc2_fp8(f2, nullptr);
+  else moe_fc2_prefill(f2, nullptr);
   float* dres = to_dev(resid);
   moe_combine_prefill(f2.y_slot, dres, T, k, H, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -135,7 +149,8 @@ TEST_P(MoePrefill, MatchesReference) {
   for (void* p : {(void*)r.topk_idx, (void*)r.topk_w, (void*)r.counts, (void*)r.offsets, (void*)r.sorted_tok,
                   (void*)r.sorted_slot, (void*)r.sorted_w, (void*)r.tile_expert, (void*)r.tile_row0, (void*)r.num_tiles,
                   (void*)f.blocks, (void*)f.scales, (void*)f.bias, (void*)f.x, (void*)f.act, (void*)f2.blocks,
-                  (void*)f2.scales, (void*)f2.bias, (void*)f2.y_slot, (void*)dres})
+                  (void*)f2.scales, (void*)f2.bias, (void*)f2.y_slot, (void*)dres, (void*)xq, (void*)xinv,
+                  (void*)f.act_q})
     cudaFree(p);
 }
 
@@ -150,6 +165,18 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoePrefill,
                                            Case{333, 128, 128, 128, true, 16}, Case{123, 16, 256, 192, false, 16},
                                            Case{37, 8, 384, 2880, false, 16}, Case{37, 8, 384, 2880, false, 64},
                                            Case{9, 8, 2880, 2880, false, 16}));
+
+// The FP8 path on the same shape classes: K of 4..90 groups (full and partial 128-value segments:
+// 256, 320, 192, 2880 = 22.5 segments), N not a multiple of the 128-row CTA, 1..16 rows a tile.
+INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
+                         ::testing::Values(Case{1, 16, 256, 256, false, 16, true},
+                                           Case{7, 32, 256, 320, false, 16, true},
+                                           Case{65, 32, 256, 320, false, 16, true},
+                                           Case{333, 128, 128, 128, true, 16, true},
+                                           Case{123, 16, 256, 192, false, 16, true},
+                                           Case{37, 8, 384, 2880, false, 16, true},
+                                           Case{9, 8, 2880, 2880, false, 16, true},
+                                           Case{24, 32, 2880, 2880, false, 16, true}));
 
 }  // namespace
 }  // namespace mx::cuda

@@ -1,0 +1,304 @@
+// The wide-step MoE on Hopper's FP8 tensor cores (wgmma, sm_90a): FC1 + SwiGLU and FC2 over sparse
+// tiles (up to 16 sorted rows of one expert), the shape of decode steps of 16-256 distinct sequences.
+//
+// Why: the bf16 path (moe_prefill.cu) spends ~7 instructions a weight byte on the E2M1 -> bf16
+// placement, the scale multiply and the redundant shared-memory reads, and runs issue-bound at ~45 %
+// of copy bandwidth (docs/perf.md, sessions 22 and 27). Here a weight byte costs ~2.5:
+//   - Each lane loads its weights straight into registers (16 bytes = one MXFP4 group of a row) and
+//     turns 8 E2M1 values into 8 e4m3 with two byte-permute lookups and two sign permutes. The lookup
+//     table is built per (row, group) from the E8M0 scale relative to the row's largest scale, so the
+//     block scale is folded into the e4m3 exponent (offset d = s - smax + 12 in [1, 12]; the largest
+//     code then lands on 384 < 448). Groups more than 11 octaves below the row's largest are flushed
+//     to zero (below 2^-11 of the row's largest weights). One fp32 factor 2^(smax - 133) per row is
+//     applied after the MMA.
+//   - With the scales folded, any lane may hold any group: the A fragments mix four groups a k32
+//     step, and the activations are staged in the matching k order (moe_fp8_pos).
+//   - Activations are two e4m3 terms, x 2^xs = hi + lo (exact for bf16 values whose lo term is
+//     normal), as the B operand's two columns of a token: D[row][2j] + D[row][2j + 1]. FC1's input has
+//     one power-of-two scale a token (moe_quant_fp8); FC2's input, the SwiGLU output, is bounded by
+//     limit * (limit + 1) = 56 and takes a fixed factor of 4.
+//   - wgmma m64n32k32 with A from registers and B (the tile's 16 tokens x hi/lo, all of K, staged
+//     once per CTA) from shared memory; a CTA is two warpgroups = 128 weight rows.
+#include "kernels/moe_prefill/moe_prefill.h"
+
+#include <atomic>
+#include <cuda_fp8.h>
+#include <string>
+
+#include "kernels/common/async_copy.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/decode/mma_tile.cuh"
+
+namespace mx::cuda {
+namespace {
+
+[[maybe_unused]] constexpr int kThreads = 256, kRows = 128, kU = 4;  // two warpgroups of 64 weight rows; segments in flight
+constexpr int kCols = 2 * kMoeTileRowsSparse;       // B columns: (hi, lo) of 16 tokens
+constexpr int kStepBytes = kCols * 32;              // one k32 step of B: [n/8][k half][n%8][16 bytes]
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MX_WGMMA 1
+#endif
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// The (row, group) lookup pair: e4m3 of code c (E2M1 magnitude) times 2^(d - 6), codes 0-3 in lo,
+// 4-7 in hi. Code 1 (0.5) is e4m3's exponent d with no mantissa; codes >= 2 add d to their exponent.
+[[maybe_unused]] __device__ __forceinline__ void scale_luts(uint32_t s, uint32_t smax, uint32_t& lo, uint32_t& hi) {
+  const int d = int(s) - int(smax) + 12;
+  const uint32_t on = d > 0 ? ~0u : 0u, dd = d > 0 ? uint32_t(d) : 0u;
+  lo = (dd * 0x08080800u + 0x0C080000u) & on;
+  hi = (dd * 0x08080808u + 0x1C181410u) & on;
+}
+
+// A checkpoint word (8 E2M1 values, value i in nibble i) -> e4m3 of values 0-3 (v03) and 4-7 (v47).
+// The sign permutes pick, for value i, the byte whose top bit is nibble i's sign (prmt mode 8+:
+// replicate that bit over the byte).
+[[maybe_unused]] __device__ __forceinline__ void e2m1x8_scaled(uint32_t w, uint32_t lo, uint32_t hi, uint32_t& v03, uint32_t& v47) {
+  const uint32_t m = w & 0x77777777u, w4 = w << 4;
+  v03 = prmt(lo, hi, m) | (prmt(w4, w, 0xD9C8u) & 0x80808080u);
+  v47 = prmt(lo, hi, m >> 16) | (prmt(w4, w, 0xFBEAu) & 0x80808080u);
+}
+
+__device__ __forceinline__ uint8_t e4m3_rn(float f) {
+  return __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+}
+
+#ifdef MX_WGMMA
+// K-major B without swizzle: core matrices of 8 columns x 16 bytes; 128 bytes to the next k half
+// (leading byte offset), 256 to the next 8 columns (stride byte offset).
+__device__ __forceinline__ uint64_t b_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(256 >> 4) << 32);
+}
+__device__ __forceinline__ void wgmma_m64n32k32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+#endif
+
+// One token row -> its hi/lo rows (zeros past K) and 2^-xs; max |x| 2^xs < 256.
+__global__ void quant_k(const uint16_t* x, int K, uint8_t* xq, float* xinv) {
+  __shared__ float wmax[8];
+  const int row = blockIdx.x, tid = threadIdx.x;
+  const uint16_t* xr = x + size_t(row) * K;
+  float m = 0.f;
+  for (int i = tid; i < K; i += blockDim.x) m = fmaxf(m, fabsf(mma::bf16_lo(xr[i])));
+  for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (tid % 32 == 0) wmax[tid / 32] = m;
+  __syncthreads();
+  m = 0.f;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) m = fmaxf(m, wmax[w]);
+  int ex = 0;
+  frexpf(m, &ex);
+  const int xs = m > 0.f ? 8 - ex : 0;
+  const float scale = ldexpf(1.f, xs);
+  if (tid == 0) xinv[row] = ldexpf(1.f, -xs);
+  const int Kp = moe_fp8_kpad(K);
+  uint8_t* hi = xq + size_t(row) * 2 * Kp;
+  for (int p4 = tid; p4 < Kp / 4; p4 += blockDim.x) {  // positions 4p4..4p4+3 hold 4 consecutive values
+    const int pos = 4 * p4, ks = pos >> 5, kk = pos & 31;
+    const int v = (4 * (ks >> 2) + ((kk & 15) >> 2)) * 32 + 8 * (ks & 3) + 4 * (kk >> 4);
+    uint32_t h = 0, l = 0;
+    if (v < K) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(xr + v);
+      const float f[4] = {mma::bf16_lo(raw.x), mma::bf16_hi(raw.x), mma::bf16_lo(raw.y), mma::bf16_hi(raw.y)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float y = f[j] * scale;
+        const uint8_t hb = e4m3_rn(y);
+        h |= uint32_t(hb) << (8 * j);
+        l |= uint32_t(e4m3_rn(y - e4m3_to_f32(hb))) << (8 * j);
+      }
+    }
+    *reinterpret_cast<uint32_t*>(hi + pos) = h;
+    *reinterpret_cast<uint32_t*>(hi + Kp + pos) = l;
+  }
+}
+
+template <bool kFc1>
+__global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p) {
+#ifdef MX_WGMMA
+  extern __shared__ __align__(128) uint8_t bsm[];
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
+  const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
+  const int rows = min(kMoeTileRowsSparse, p.offsets[e + 1] - row0);
+  const int G = p.K / 32, S = (G + 3) / 4, Kp = 128 * S, steps = 4 * S;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // A row g of this warp is weight row rA, row g + 8 is rA + 1: FC1's gate / linear pair.
+  const int rA = blockIdx.y * kRows + 16 * warp + 2 * g;
+  const bool live = rA < p.N;
+  const int ra = min(rA, p.N - 2);
+  const uint8_t* blk = p.blocks + (size_t(e) * p.N + ra) * G * 16;
+  const uint8_t* sc = p.scales + (size_t(e) * p.N + ra) * G;
+
+  uint4 wa[kU], wb[kU];
+  uint32_t sa[kU], sb[kU];
+  auto load = [&](int s, int u) {
+    const int gi = 4 * s + t;
+    if (s < S && gi < G) {
+      wa[u] = mma::ldg_stream(blk + gi * 16);
+      wb[u] = mma::ldg_stream(blk + (G + gi) * 16);
+      sa[u] = sc[gi];
+      sb[u] = sc[G + gi];
+    } else {
+      wa[u] = wb[u] = make_uint4(0, 0, 0, 0);
+      sa[u] = sb[u] = 0;
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kU; ++u) load(u, u);
+
+  // The rows' largest scales (the four lanes of a row split its groups).
+  uint32_t smaxA = 0, smaxB = 0;
+  for (int gi = t; gi < G; gi += 4) {
+    smaxA = max(smaxA, uint32_t(sc[gi]));
+    smaxB = max(smaxB, uint32_t(sc[G + gi]));
+  }
+#pragma unroll
+  for (int o = 1; o <= 2; o <<= 1) {
+    smaxA = max(smaxA, __shfl_xor_sync(0xffffffffu, smaxA, o));
+    smaxB = max(smaxB, __shfl_xor_sync(0xffffffffu, smaxB, o));
+  }
+
+  // B: the tile's hi/lo rows over all of K. Rows past `rows` keep stale bytes: they feed only columns
+  // whose outputs are dropped.
+  const int chunks = rows * 2 * steps * 2;
+  for (int c = tid; c < chunks; c += kThreads) {
+    const int kc = c & 1, ks = (c >> 1) % steps, n = (c >> 1) / steps;
+    const int src_row = kFc1 ? p.sorted_tok[row0 + (n >> 1)] : row0 + (n >> 1);
+    cp_async16(bsm + ks * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16,
+               p.xq + size_t(src_row) * 2 * Kp + (n & 1) * Kp + ks * 32 + kc * 16);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();  // every thread's copies have landed before any zeros go over them
+  // Groups past G in the last segment: their A is zero, so B must be finite there (zeros).
+  const int tail = G - 4 * (S - 1);
+  if (tail < 4)
+    for (int c = tid; c < 4 * 2 * rows * 2 * (4 - tail); c += kThreads) {
+      const int tt = tail + c % (4 - tail), r = c / (4 - tail);
+      const int kc = r & 1, n = (r >> 1) % (2 * rows), q = (r >> 1) / (2 * rows);
+      *reinterpret_cast<uint32_t*>(bsm + (steps - 4 + q) * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16 +
+                                   4 * tt) = 0;
+    }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
+  const uint32_t b0 = smem_addr(bsm);
+  for (int s0 = 0; s0 < S; s0 += kU) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int s = s0 + u;
+      if (s >= S) break;  // uniform
+      const uint4 xa = wa[u], xb = wb[u];
+      uint32_t la, ha, lb, hb;
+      scale_luts(sa[u], smaxA, la, ha);
+      scale_luts(sb[u], smaxB, lb, hb);
+      load(s + kU, u);
+      const uint32_t A[4] = {xa.x, xa.y, xa.z, xa.w}, B[4] = {xb.x, xb.y, xb.z, xb.w};
+      uint32_t f[4][4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        e2m1x8_scaled(A[q], la, ha, f[q][0], f[q][2]);
+        e2m1x8_scaled(B[q], lb, hb, f[q][1], f[q][3]);
+      }
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+      for (int q = 0; q < 4; ++q) wgmma_m64n32k32(acc, f[q], b_desc(b0 + (4 * s + q) * kStepBytes));
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    }
+  }
+
+  // acc[4j + c]: columns 8j + 2t (hi) and + 1 (lo) = token 4j + t; c < 2 row rA, c >= 2 row rA + 1.
+  if (!live) return;
+  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
+  const float fa = ldexpf(1.f, int(smaxA) - 133), fb = ldexpf(1.f, int(smaxB) - 133);
+  const float bA = __bfloat162float(bias[rA]), bB = __bfloat162float(bias[rA + 1]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int tok = 4 * j + t;
+    if (tok >= rows) continue;
+    const int r = row0 + tok;
+    const float xi = kFc1 ? p.xinv[p.sorted_tok[r]] : 1.f / kMoeFp8ActScale;
+    const float y0 = (acc[4 * j] + acc[4 * j + 1]) * fa * xi + bA;
+    const float y1 = (acc[4 * j + 2] + acc[4 * j + 3]) * fb * xi + bB;
+    if constexpr (kFc1) {
+      const float gate = fminf(y0, p.limit), up = fminf(fmaxf(y1, -p.limit), p.limit);
+      const float a = __bfloat162float(__float2bfloat16(gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f)));
+      const int Ip = moe_fp8_kpad(p.N / 2), pos = moe_fp8_pos(rA / 2);
+      const float y = a * kMoeFp8ActScale;
+      const uint8_t hb8 = e4m3_rn(y);
+      uint8_t* out = p.act_q + size_t(r) * 2 * Ip;
+      out[pos] = hb8;
+      out[Ip + pos] = e4m3_rn(y - e4m3_to_f32(hb8));
+    } else {
+      const float w = p.sorted_w[r];
+      *reinterpret_cast<float2*>(p.y_slot + size_t(p.sorted_slot[r]) * p.N + rA) = make_float2(y0 * w, y1 * w);
+    }
+  }
+#endif
+}
+
+int compute_capability() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  int v = cache[dev & 63].load(std::memory_order_relaxed);
+  if (!v) {
+    int major = 0, minor = 0;
+    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    v = major * 10 + minor;
+    cache[dev & 63].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+template <bool kFc1>
+void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
+  if (p.max_tiles <= 0) return;
+  if (!moe_fp8_available()) throw_error("moe fp8: needs an sm_90 GPU (wgmma)");
+  if (p.K % 32 || p.N % 2 || p.K <= 0 || p.N <= 0) throw_error("moe fp8: K must be a multiple of 32 and N even");
+  if (p.tile_rows != kMoeTileRowsSparse) throw_error("moe fp8: tiles of 16 rows only");
+  const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
+  static std::atomic<unsigned long long> ready{0};
+  once_per_device(ready, [] {
+    int dev = 0, most = 0;
+    MX_CUDA(cudaGetDevice(&dev));
+    MX_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+  });
+  moe_fp8_k<kFc1><<<dim3(p.max_tiles, (p.N + kRows - 1) / kRows), kThreads, smem, s>>>(p);
+  MX_CUDA(cudaGetLastError());
+}
+}  // namespace
+
+bool moe_fp8_available() { return compute_capability() == 90; }
+
+void moe_quant_fp8(const uint16_t* x, int T, int K, uint8_t* xq, float* xinv, cudaStream_t s) {
+  if (T <= 0) return;
+  if (K % 32) throw_error("moe fp8: K must be a multiple of 32");
+  quant_k<<<T, 256, 0, s>>>(x, K, xq, xinv);
+  MX_CUDA(cudaGetLastError());
+}
+void moe_fc1_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_fp8<true>(p, s); }
+void moe_fc2_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_fp8<false>(p, s); }
+
+}  // namespace mx::cuda
