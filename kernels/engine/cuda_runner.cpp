@@ -11,6 +11,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/engine/runner.h"
 #include "kernels/engine/tp_runner.h"
+#include "kernels/moe_prefill/moe_prefill.h"
 #include "model/checkpoint.h"
 #include "model/shard_weights.h"
 #include "model/weights.h"
@@ -42,6 +43,7 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpCom
   if (!opt.dummy_weights) ckpt = std::make_unique<Checkpoint>(Checkpoint::open(opt.model_dir));
   MX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MX_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  if (opt_.prefill_min_tokens <= 0) opt_.prefill_min_tokens = cuda::moe_fp8_available() ? 5 : 9;
   plan_ = plan_memory(opt_, model_);
   allocate();
   const auto t0 = std::chrono::steady_clock::now();

@@ -28,8 +28,9 @@ struct CudaEngineOptions {
   int vocab_limit = 0;                // ids >= this are never sampled (tokenizer size); 0 = model vocab
   uint64_t seed = 1;                  // dummy-weight seed
   // Steps with at least this many tokens run the tensor-core prefill path (cuBLASLt GEMMs, grouped
-  // MoE, flash attention); smaller steps run the decode kernels (in chunks of 8 tokens).
-  int prefill_min_tokens = 9;
+  // MoE, flash attention); smaller steps run the decode kernels (in chunks of 8 tokens). 0: the GPU's
+  // (5 where the FP8 MoE runs, sm_90: distinct rows from 5 a step are faster there; else 9; docs/perf.md).
+  int prefill_min_tokens = 0;
   bool flash_prefill_attention = true;  // false: decode attention kernel for prompt tokens too (slow; a cross-check)
   // Decode steps of at least this many tokens (up to 8) run as one persistent kernel (decode_step.h),
   // smaller ones as six launches per layer: on distinct rows the launches win up to 5 tokens and fall

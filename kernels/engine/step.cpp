@@ -135,7 +135,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   for (int i : pl.sample_seq) pl.need_logits |= host_samples(seqs[size_t(i)].sampling);
   bool identity = S == M;
   for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
-  pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && opt_.use_graphs && !probe_.profiling;
+  pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && M < opt_.prefill_min_tokens && opt_.use_graphs &&
+             !probe_.profiling;
   return pl;
 }
 
@@ -165,7 +166,7 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
     probe_.begin_step(stream_);
-    const bool decode_path = M < opt_.prefill_min_tokens || M <= cuda::kDecodeMaxTokens || cfg_.head_dim != 64;
+    const bool decode_path = M < opt_.prefill_min_tokens || cfg_.head_dim != 64;
     if (!decode_path && pl.n_decode > plan_.attn_rows)
       fail("step has {} single-token rows, more than max_num_seqs={} allows", pl.n_decode, plan_.S);
     if (pl.graph) {

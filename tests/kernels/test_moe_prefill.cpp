@@ -166,8 +166,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoePrefill,
                                            Case{37, 8, 384, 2880, false, 16}, Case{37, 8, 384, 2880, false, 64},
                                            Case{9, 8, 2880, 2880, false, 16}));
 
-// The FP8 path on the same shape classes: K of 4..90 groups (full and partial 128-value segments:
-// 256, 320, 192, 2880 = 22.5 segments), N not a multiple of the 128-row CTA, 1..16 rows a tile.
+// The FP8 path on the same shape classes: K of 3..90 groups (full and partial 128-value segments:
+// 256, 320, 192, 2880 = 22.5 segments, 1440 = 11.25), N not a multiple of the 128-row CTA, 1..16 rows a tile.
 INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                          ::testing::Values(Case{1, 16, 256, 256, false, 16, true},
                                            Case{7, 32, 256, 320, false, 16, true},
@@ -176,7 +176,9 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{123, 16, 256, 192, false, 16, true},
                                            Case{37, 8, 384, 2880, false, 16, true},
                                            Case{9, 8, 2880, 2880, false, 16, true},
-                                           Case{24, 32, 2880, 2880, false, 16, true}));
+                                           Case{24, 32, 2880, 2880, false, 16, true},
+                                           Case{37, 8, 384, 1440, false, 16, true},  // 45 groups (odd): TP=2's FC2
+                                           Case{9, 16, 256, 96, false, 16, true}));  // 3 groups, a partial CTA
 
 }  // namespace
 }  // namespace mx::cuda
