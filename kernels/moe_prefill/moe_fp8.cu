@@ -32,7 +32,7 @@
 namespace mx::cuda {
 namespace {
 
-[[maybe_unused]] constexpr int kThreads = 256, kRows = 128, kU = 4;  // two warpgroups of 64 weight rows; segments in flight
+[[maybe_unused]] constexpr int kThreads = 256, kRows = 128, kU = 5;  // two warpgroups of 64 weight rows; segments in flight
 constexpr int kCols = 2 * kMoeTileRowsSparse;       // B columns: (hi, lo) of 16 tokens
 constexpr int kStepBytes = kCols * 32;              // one k32 step of B: [n/8][k half][n%8][16 bytes]
 
@@ -73,10 +73,10 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
 
 #ifdef MX_WGMMA
 // K-major B without swizzle: core matrices of 8 columns x 16 bytes; 128 bytes to the next k half
-// (leading byte offset), 256 to the next 8 columns (stride byte offset).
-__device__ __forceinline__ uint64_t b_desc(uint32_t addr) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(256 >> 4) << 32);
-}
+// (leading byte offset), 256 to the next 8 columns (stride byte offset). The low word holds the address
+// in 16-byte units (a step's offset adds to it: one integer add a wgmma) and the leading offset.
+__device__ __forceinline__ uint32_t b_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | ((128 >> 4) << 16); }
+__device__ __forceinline__ uint64_t b_desc(uint32_t lo) { return uint64_t(lo) | (uint64_t(256 >> 4) << 32); }
 __device__ __forceinline__ void wgmma_m64n32k32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-  const uint32_t b0 = smem_addr(bsm);
+  const uint32_t d0 = b_desc_lo(smem_addr(bsm));
   for (int s0 = 0; s0 < S; s0 += kU) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
       }
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int q = 0; q < 4; ++q) wgmma_m64n32k32(acc, f[q], b_desc(b0 + (4 * s + q) * kStepBytes));
+      for (int q = 0; q < 4; ++q) wgmma_m64n32k32(acc, f[q], b_desc(d0 + (4 * s + q) * (kStepBytes >> 4)));
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     }
