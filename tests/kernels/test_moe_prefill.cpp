@@ -39,7 +39,9 @@ std::vector<T> to_host(const T* d, size_t n) {
 
 // tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64.
 // fp8: the wide-step FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16-row tiles.
-struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; };
+// wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
+// row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
+struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; bool wide_scales = false; };
 
 class MoePrefill : public ::testing::TestWithParam<Case> {};
 
@@ -48,7 +50,7 @@ TEST_P(MoePrefill, MatchesReference) {
   if (c.fp8 && !moe_fp8_available()) GTEST_SKIP() << "the FP8 MoE needs an sm_90 GPU";
   const int k = 4, H = c.H, I = c.I, E = c.E, T = c.T;
   std::mt19937 g(7);
-  std::uniform_int_distribution<int> byte(0, 255), sc(118, 122);
+  std::uniform_int_distribution<int> byte(0, 255), sc(c.wide_scales ? 100 : 118, c.wide_scales ? 130 : 122);
   std::uniform_real_distribution<float> u(-1, 1);
   auto rb = [&](size_t n) { std::vector<uint8_t> v(n); for (auto& x : v) x = uint8_t(byte(g)); return v; };
   auto rs = [&](size_t n) { std::vector<uint8_t> v(n); for (auto& x : v) x = uint8_t(sc(g)); return v; };
@@ -178,7 +180,8 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{9, 8, 2880, 2880, false, 16, true},
                                            Case{24, 32, 2880, 2880, false, 16, true},
                                            Case{37, 8, 384, 1440, false, 16, true},  // 45 groups (odd): TP=2's FC2
-                                           Case{9, 16, 256, 96, false, 16, true}));  // 3 groups, a partial CTA
+                                           Case{9, 16, 256, 96, false, 16, true},  // 3 groups, a partial CTA
+                                           Case{9, 8, 2880, 2880, false, 16, true, true}));
 
 }  // namespace
 }  // namespace mx::cuda
