@@ -256,19 +256,37 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 #endif
 }
 
-int compute_capability() {
+// Whether the sm_90a kernels exist in this binary: a build for plain sm_90 compiles their bodies empty.
+__global__ void wgmma_probe_k(int* out) {
+#ifdef MX_WGMMA
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+
+// Once per device (0: not checked yet, 1: no, 2: yes): an sm_90 GPU and the sm_90a kernels for it.
+bool fp8_runs_here() {
   static std::atomic<int> cache[64];
   int dev = 0;
   MX_CUDA(cudaGetDevice(&dev));
   int v = cache[dev & 63].load(std::memory_order_relaxed);
   if (!v) {
-    int major = 0, minor = 0;
+    int major = 0, minor = 0, has = 0;
     MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    v = major * 10 + minor;
+    if (major == 9 && minor == 0) {
+      int* d = nullptr;
+      MX_CUDA(cudaMalloc(&d, sizeof(int)));
+      wgmma_probe_k<<<1, 1>>>(d);
+      MX_CUDA(cudaGetLastError());
+      MX_CUDA(cudaMemcpy(&has, d, sizeof(int), cudaMemcpyDeviceToHost));
+      MX_CUDA(cudaFree(d));
+    }
+    v = has ? 2 : 1;
     cache[dev & 63].store(v, std::memory_order_relaxed);
   }
-  return v;
+  return v == 2;
 }
 
 template <bool kFc1>
@@ -290,7 +308,7 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
 }
 }  // namespace
 
-bool moe_fp8_available() { return compute_capability() == 90; }
+bool moe_fp8_available() { return fp8_runs_here(); }
 
 void moe_quant_fp8(const uint16_t* x, int T, int K, uint8_t* xq, float* xinv, cudaStream_t s) {
   if (T <= 0) return;
