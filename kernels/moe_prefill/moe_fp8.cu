@@ -1,9 +1,9 @@
 // The wide-step MoE on Hopper's FP8 tensor cores (wgmma, sm_90a): FC1 + SwiGLU and FC2 over sparse
-// tiles (up to 16 sorted rows of one expert), the shape of decode steps of 16-256 distinct sequences.
+// tiles (up to 16 sorted rows of one expert), the shape of decode steps of 5-256 distinct sequences.
 //
-// Why: the bf16 path (moe_prefill.cu) spends ~7 instructions a weight byte on the E2M1 -> bf16
-// placement, the scale multiply and the redundant shared-memory reads, and runs issue-bound at ~45 %
-// of copy bandwidth (docs/perf.md, sessions 22 and 27). Here a weight byte costs ~2.5:
+// Why: the bf16 path (moe_prefill.cu) is issue-bound on the E2M1 -> bf16 placement, the per-value scale
+// multiply and redundant shared-memory reads; here a weight costs about a third of those instructions
+// (figures: docs/perf.md, session 27):
 //   - Each lane loads its weights straight into registers (16 bytes = one MXFP4 group of a row) and
 //     turns 8 E2M1 values into 8 e4m3 with two byte-permute lookups and two sign permutes. The lookup
 //     table is built per (row, group) from the E8M0 scale relative to the row's largest scale, so the
@@ -32,7 +32,8 @@
 namespace mx::cuda {
 namespace {
 
-[[maybe_unused]] constexpr int kThreads = 256, kRows = 128, kU = 5;  // two warpgroups of 64 weight rows; segments in flight
+// Two warpgroups of 64 weight rows; kU segments of weights in flight a thread.
+[[maybe_unused]] constexpr int kThreads = 256, kRows = 128, kU = 5;
 constexpr int kCols = 2 * kMoeTileRowsSparse;       // B columns: (hi, lo) of 16 tokens
 constexpr int kStepBytes = kCols * 32;              // one k32 step of B: [n/8][k half][n%8][16 bytes]
 
