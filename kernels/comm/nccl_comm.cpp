@@ -145,7 +145,6 @@ void NcclComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream
   ready(lib().all_gather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(comm_), s), "all-gather");
 }
 
-
 void NcclComm::sync(cudaStream_t s, double timeout_s) {
   const NcclLib& l = need_lib();
   if (!comm_) ready(0, "sync");

@@ -37,4 +37,18 @@ void once_per_device(std::atomic<unsigned long long>& done, F setup) {
   setup();
   done.fetch_or(bit, std::memory_order_release);
 }
+
+// A property of the current device, read once per device (cache: one slot a device, 0 = not read yet;
+// `read(dev)` returns a nonzero value).
+template <class Read>
+int per_device(std::atomic<int> (&cache)[64], Read read) {
+  int dev = 0;
+  MX_CUDA(cudaGetDevice(&dev));
+  int v = cache[dev & 63].load(std::memory_order_relaxed);
+  if (!v) {
+    v = read(dev);
+    cache[dev & 63].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
 }  // namespace mx::cuda

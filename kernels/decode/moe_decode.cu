@@ -155,19 +155,6 @@ __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   trace_end(p.trace, 5);
 }
 
-// A property of the current device, read once per device (cache: one slot a device, 0 = not read yet).
-template <class Read>
-int per_device(std::atomic<int> (&cache)[64], Read read) {
-  int dev = 0;
-  MX_CUDA(cudaGetDevice(&dev));
-  int v = cache[dev & 63].load(std::memory_order_relaxed);
-  if (!v) {
-    v = read(dev);
-    cache[dev & 63].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
 // The one-token FP8 path: sm_89+.
 bool use_m1(int M) {
   if (M != 1) return false;

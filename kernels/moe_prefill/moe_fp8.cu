@@ -266,28 +266,23 @@ __global__ void wgmma_probe_k(int* out) {
 #endif
 }
 
-// Once per device (0: not checked yet, 1: no, 2: yes): an sm_90 GPU and the sm_90a kernels for it.
+// An sm_90 GPU and the sm_90a kernels for it (once per device: 1 no, 2 yes).
 bool fp8_runs_here() {
   static std::atomic<int> cache[64];
-  int dev = 0;
-  MX_CUDA(cudaGetDevice(&dev));
-  int v = cache[dev & 63].load(std::memory_order_relaxed);
-  if (!v) {
-    int major = 0, minor = 0, has = 0;
-    MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    if (major == 9 && minor == 0) {
-      int* d = nullptr;
-      MX_CUDA(cudaMalloc(&d, sizeof(int)));
-      wgmma_probe_k<<<1, 1>>>(d);
-      MX_CUDA(cudaGetLastError());
-      MX_CUDA(cudaMemcpy(&has, d, sizeof(int), cudaMemcpyDeviceToHost));
-      MX_CUDA(cudaFree(d));
-    }
-    v = has ? 2 : 1;
-    cache[dev & 63].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
+  return per_device(cache, [](int dev) {
+           int major = 0, minor = 0, has = 0;
+           MX_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+           MX_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+           if (major == 9 && minor == 0) {
+             int* d = nullptr;
+             MX_CUDA(cudaMalloc(&d, sizeof(int)));
+             wgmma_probe_k<<<1, 1>>>(d);
+             MX_CUDA(cudaGetLastError());
+             MX_CUDA(cudaMemcpy(&has, d, sizeof(int), cudaMemcpyDeviceToHost));
+             MX_CUDA(cudaFree(d));
+           }
+           return has ? 2 : 1;
+         }) == 2;
 }
 
 template <bool kFc1>
