@@ -9,7 +9,7 @@
 # Results go to $OUT: engine_PTAG.json, load_PTAG.txt / .json, serve_PTAG.log, metrics_PTAG.txt.
 # Environment: OUT, MXSERVE (default build/cli/mxserve), BIN (libraries: device_run_env.sh), MODELS
 # ("20b 120b"), CONCURRENCY ("64,128,256"), PROMPT_TOKENS (1024), MAX_TOKENS (1024), REQS (1),
-# MAX_MODEL_LEN (4096), MAX_NUM_SEQS (256), MAX_BATCHED (8192), GPU_MEM (0.9), LIMIT_S (per model, 400),
+# MAX_MODEL_LEN (4096), MAX_NUM_SEQS (0: the server's, by GPU), MAX_BATCHED (8192), GPU_MEM (0.9), LIMIT_S (per model, 400),
 # SERVE_ARGS (extra serve flags), CLIENT_ARGS (sampling flags of the client, default "--temperature 0";
 # e.g. "--temperature 0.8 --top-p 0.9"), PROMPT_IDS (0: word prompts instead of token ids), TAG (suffix
 # of the file names), ENGINE (0: skip step 1 and use the engine_PTAG.json already in $OUT, if any),
@@ -47,7 +47,7 @@ for P in $MODELS; do
   [ -s "$OUT/engine_$N.json" ] && engine_json="--engine-json $OUT/engine_$N.json"  # none fits: no comparison
   # 2. The server.
   "$MXSERVE" serve --dummy-weights "$P" --device cuda --max-model-len "${MAX_MODEL_LEN:-4096}" \
-    --max-num-seqs "${MAX_NUM_SEQS:-256}" --max-num-batched-tokens "${MAX_BATCHED:-8192}" \
+    --max-num-seqs "${MAX_NUM_SEQS:-0}" --max-num-batched-tokens "${MAX_BATCHED:-8192}" \
     --gpu-memory-utilization "$GPU_MEM" --kv-cache-dtype "${KV_DTYPE:-auto}" ${ENGINE_ARGS:-} --port 8011 ${SERVE_ARGS:-} > "$OUT/serve_$N.log" 2>&1 &
   SP=$!
   python3 - <<'PY'
@@ -69,7 +69,7 @@ PY
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8011/metrics', timeout=5).read().decode())" \
     > "$OUT/metrics_$N.txt" 2>&1
   kill -TERM $SP; wait $SP
-  echo "== $N serving (--max-num-seqs ${MAX_NUM_SEQS:-256} --max-num-batched-tokens ${MAX_BATCHED:-8192}," \
+  echo "== $N serving (--max-num-seqs ${MAX_NUM_SEQS:-0 (by GPU)} --max-num-batched-tokens ${MAX_BATCHED:-8192}," \
        "${PROMPT_TOKENS}/${MAX_TOKENS} tokens, ${CLIENT_ARGS:---temperature 0})"
   cat "$OUT/load_$N.txt"
   grep -E "KV .* blocks" "$OUT/serve_$N.log" | tail -1

@@ -25,7 +25,7 @@ struct ServeOptions {
   std::string model_dir;
   server::ServerOptions srv;
   int max_model_len = 0;
-  int max_num_seqs = 256;  // vLLM's defaults; docs/perf.md (session 22) has the load runs
+  int max_num_seqs = 0;  // 0 = by GPU (default_max_num_seqs); docs/perf.md sessions 22 and 28 have the load runs
   int max_num_batched_tokens = 8192;
   int max_waiting = 256;
   int max_prefill_tokens_with_decodes = 2048;  // runtime::EngineOptions
@@ -99,6 +99,7 @@ void run_serve(ServeOptions o) {
   const Device dev = resolve_device(o.device);
   const Formats fmt = resolve_formats(o.formats);
   check_parallel(o.tp, dev);
+  if (o.max_num_seqs == 0) o.max_num_seqs = default_max_num_seqs(dev);
   if (!o.dummy_weights.empty()) {
     if (dev != Device::kCuda) fail("--dummy-weights needs the CUDA engine (--device cuda)");
     if (!o.model_dir.empty()) fail("--dummy-weights and --model are exclusive");
@@ -158,9 +159,9 @@ void run_serve(ServeOptions o) {
     engine = std::make_unique<runtime::Engine>(*runner, eo);
     engine->start();
     srv.attach(engine.get(), tok, cfg.eos_token_ids);
-    log::info("model loaded on {}: {} layers, max_model_len {}, KV {} blocks x {} tokens ({} tokens, {}), prefix "
+    log::info("model loaded on {}: {} layers, max_model_len {}, max_num_seqs {}, KV {} blocks x {} tokens ({} tokens, {}), prefix "
               "caching {}, dense layers {}{}",
-              device_name(dev), cfg.num_layers, engine->max_model_len(), runner->kv_shape().num_blocks,
+              device_name(dev), cfg.num_layers, engine->max_model_len(), o.max_num_seqs, runner->kv_shape().num_blocks,
               runner->kv_shape().block_size, int64_t(runner->kv_shape().num_blocks) * runner->kv_shape().block_size,
               fmt.kv_fp8 ? "fp8 e4m3" : dev == Device::kCuda ? "bf16" : "fp32",
               o.enable_prefix_caching ? "on" : "off", fmt.dense.describe(),
@@ -193,7 +194,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", o->srv.api_key, "require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--served-model-name", o->srv.model_name);
   cmd->add_option("--max-model-len", o->max_model_len, "0 = the model's")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-num-seqs", o->max_num_seqs)->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "0 = by GPU: 512 on the CUDA engine with >= 70 GiB, else 256")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens)->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-waiting", o->max_waiting, "queued requests beyond this get 429")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-prefill-tokens-with-decodes", o->max_prefill_tokens_with_decodes,

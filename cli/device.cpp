@@ -41,6 +41,22 @@ Device resolve_device(const std::string& flag) {
 
 const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 
+int default_max_num_seqs(Device d) {
+#ifdef MXSERVE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
+        prop.totalGlobalMem >= (size_t(70) << 30))
+      return 512;
+    (void)cudaGetLastError();
+  }
+#else
+  (void)d;
+#endif
+  return 256;
+}
+
 void add_format_flags(CLI::App* cmd, FormatFlags* f) {
   cmd->add_option("--kv-cache-dtype", f->kv_cache_dtype, "auto|bf16|fp8 (fp8: E4M3 K and V, half the bytes)")
       ->capture_default_str()

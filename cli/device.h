@@ -19,6 +19,9 @@ enum class Device { kCpu, kCuda };
 // cuda that cannot run fails with one line saying why (no CUDA in this build, or no GPU).
 Device resolve_device(const std::string& flag);
 const char* device_name(Device d);
+// serve's --max-num-seqs when not given: 512 on the CUDA engine when the GPU holds >= 70 GiB (H100,
+// H200: the 1k/1k load runs peak at 320-512 streams, docs/perf.md session 28), else 256.
+int default_max_num_seqs(Device d);
 
 // What the CLI commands choose for the CUDA engine; kept free of CUDA headers.
 struct CudaRunnerFlags {
