@@ -33,8 +33,8 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
 
   // The MoE's tiles for this step's M (the grids stay as small as the step allows).
   const int tile_rows = cuda::moe_prefill_tile_rows(M, k, E), tiles = cuda::moe_prefill_max_tiles(M, k, E);
-  // Sparse tiles (wide decode steps) run on FP8 tensor cores where the GPU has wgmma.
-  const bool fp8_moe = tile_rows == cuda::kMoeTileRowsSparse && cuda::moe_fp8_available();
+  // The experts run on FP8 tensor cores where the GPU has wgmma (both tile heights).
+  const bool fp8_moe = cuda::moe_fp8_available();
   const DecodeRowSplits mma_splits = decode_row_splits(st, seqs, n_decode);
   cuda::launch_embed_bf16(model_.embed, m.tok, a.xa, M, H, s);
   mark("embed", 0);

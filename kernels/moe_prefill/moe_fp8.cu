@@ -1,5 +1,6 @@
-// The wide-step MoE on Hopper's FP8 tensor cores (wgmma, sm_90a): FC1 + SwiGLU and FC2 over sparse
-// tiles (up to 16 sorted rows of one expert), the shape of decode steps of 5-256 distinct sequences.
+// The MoE on Hopper's FP8 tensor cores (wgmma, sm_90a): FC1 + SwiGLU and FC2 over sparse tiles (up to
+// 16 sorted rows of one expert: decode steps of 5-256 distinct sequences, short prompt chunks) and over
+// prefill tiles (up to 64 rows: moe_fp8_wide_k, below).
 //
 // Why: the bf16 path (moe_prefill.cu) is issue-bound on the E2M1 -> bf16 placement, the per-value scale
 // multiply and redundant shared-memory reads; here a weight costs about a third of those instructions
@@ -17,8 +18,10 @@
 //     normal), as the B operand's two columns of a token: D[row][2j] + D[row][2j + 1]. FC1's input has
 //     one power-of-two scale a token (moe_quant_fp8); FC2's input, the SwiGLU output, is bounded by
 //     limit * (limit + 1) = 56 and takes a fixed factor of 4.
-//   - wgmma m64n32k32 with A from registers and B (the tile's 16 tokens x hi/lo, all of K, staged
-//     once per CTA) from shared memory; a CTA is two warpgroups = 128 weight rows.
+//   - Sparse tiles: wgmma m64n32k32 with A from registers and B (the tile's 16 tokens x hi/lo, all of
+//     K, staged once per CTA) from shared memory; a CTA is two warpgroups = 128 weight rows. Prefill
+//     tiles: a producer warpgroup and both operands in shared memory (the comment above
+//     moe_fp8_wide_k).
 #include "kernels/moe_prefill/moe_prefill.h"
 
 #include <atomic>
@@ -257,6 +260,233 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 #endif
 }
 
+// ---- Prefill tiles (up to 64 rows): the shape of a Hopper GEMM ----
+// One producer warpgroup turns the MXFP4 weights into e4m3 in shared memory (raw bytes in through
+// cp.async kWRaw segments ahead, scales folded as above, the k order of moe_fp8_pos) and copies B (64
+// tokens x hi/lo = 128 columns) beside them; two consumer warpgroups run wgmma with both operands in
+// shared memory, 128 weight rows each (two m64 blocks, so B is read once for 256 rows), keeping one
+// segment's MMAs in flight behind the next. mbarriers hand the kWStages stages over (full: A stored and
+// B landed; empty: both consumers' MMAs on it done).
+[[maybe_unused]] constexpr int kWRows = 256, kWThreads = 384, kWStages = 3, kWRaw = 3;
+[[maybe_unused]] constexpr int kWStepA = 64 * 32;        // one k32 step of an m64 block (2 KB)
+[[maybe_unused]] constexpr int kWSegA = kWRows * 128;    // e4m3 weights of a 128-value segment (32 KB)
+[[maybe_unused]] constexpr int kWStepB = 2 * kMoeTileRowsPrefill * 32;  // 128 columns x k32 (4 KB)
+[[maybe_unused]] constexpr int kWStage = kWSegA + 4 * kWStepB;         // 48 KB
+[[maybe_unused]] constexpr int kWRawSeg = kWRows * 64;   // MXFP4 of a segment (16 KB)
+// The CTA's scales, copied whole (256 rows x K / 32 bytes, contiguous in the checkpoint) from the 16-byte
+// boundary below them.
+__host__ __device__ inline size_t wide_scale_bytes(int K) { return (size_t(kWRows) * (K / 32) + 31) / 16 * 16; }
+__host__ __device__ inline size_t wide_smem_bytes(int K) {
+  return size_t(kWStages) * kWStage + size_t(kWRaw) * kWRawSeg + wide_scale_bytes(K);
+}
+
+[[maybe_unused]] __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+[[maybe_unused]] __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrives once this thread's earlier cp.async copies have landed.
+[[maybe_unused]] __device__ __forceinline__ void mbar_arrive_copies(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+[[maybe_unused]] __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred P;\nmbarrier.try_wait.parity.shared::cta.b64 P, [%1], %2;\nselp.u32 %0, 1, 0, P;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
+#ifdef MX_WGMMA
+__device__ __forceinline__ void wgmma_ss_m64n128k32(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+}
+#endif
+
+// acc[4j + c]: columns 8j + 2t (hi) and + 1 (lo) = token 4j + t; c < 2 weight row rA, c >= 2 rA + 1.
+template <bool kFc1>
+__device__ __forceinline__ void wide_epilogue(const MoeGemmPrefillParams& p, const float (&acc)[64], int e, int row0,
+                                              int rows, int rA, uint32_t smaxA, uint32_t smaxB, int t) {
+  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
+  const float fa = ldexpf(1.f, int(smaxA) - 133), fb = ldexpf(1.f, int(smaxB) - 133);
+  const float bA = __bfloat162float(bias[rA]), bB = __bfloat162float(bias[rA + 1]);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int tok = 4 * j + t;
+    if (tok >= rows) continue;
+    const int r = row0 + tok;
+    const float xi = kFc1 ? p.xinv[p.sorted_tok[r]] : 1.f / kMoeFp8ActScale;
+    const float y0 = (acc[4 * j] + acc[4 * j + 1]) * fa * xi + bA;
+    const float y1 = (acc[4 * j + 2] + acc[4 * j + 3]) * fb * xi + bB;
+    if constexpr (kFc1) {
+      const float gate = fminf(y0, p.limit), up = fminf(fmaxf(y1, -p.limit), p.limit);
+      const float a = __bfloat162float(__float2bfloat16(gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f)));
+      const int Ip = moe_fp8_kpad(p.N / 2), pos = moe_fp8_pos(rA / 2);
+      const float y = a * kMoeFp8ActScale;
+      const uint8_t hb8 = e4m3_rn(y);
+      uint8_t* out = p.act_q + size_t(r) * 2 * Ip;
+      out[pos] = hb8;
+      out[Ip + pos] = e4m3_rn(y - e4m3_to_f32(hb8));
+    } else {
+      const float w = p.sorted_w[r];
+      *reinterpret_cast<float2*>(p.y_slot + size_t(p.sorted_slot[r]) * p.N + rA) = make_float2(y0 * w, y1 * w);
+    }
+  }
+}
+
+template <bool kFc1>
+__global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
+#ifdef MX_WGMMA
+  extern __shared__ __align__(128) uint8_t sm[];
+  __shared__ __align__(8) uint64_t full[kWStages], empty[kWStages];
+  __shared__ uint8_t smax_s[kWRows];
+  const int tile = blockIdx.x;
+  if (tile >= *p.num_tiles) return;
+  const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
+  const int rows = min(kMoeTileRowsPrefill, p.offsets[e + 1] - row0);
+  const int G = p.K / 32, S = (G + 3) / 4, Kp = 128 * S;
+  const int tid = threadIdx.x, wg = tid >> 7;
+  uint8_t* raw = sm + kWStages * kWStage;
+  uint8_t* slab = raw + kWRaw * kWRawSeg;
+  if (tid < kWStages) {
+    mbar_init(&full[tid], 256);  // the producer's 128 threads: their copies, then their stores
+    mbar_init(&empty[tid], 256);  // the consumers' 256 threads
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer: local weight rows pt and pt + 128 ----
+    const int pt = tid, R0 = blockIdx.y * kWRows, nrows = min(kWRows, p.N - R0);
+    const uint8_t* sc0 = p.scales + (size_t(e) * p.N + R0) * G;
+    const int mis = int(reinterpret_cast<uintptr_t>(sc0) & 15);
+    for (int i = pt; i < (mis + nrows * G + 15) / 16; i += 128) cp_async16(slab + 16 * i, sc0 - mis + 16 * i);
+    cp_async_commit();
+    const uint8_t* srow = slab + mis;  // row lr's scales at srow + lr * G
+    const uint8_t* blk[2];
+    uint32_t smax[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) blk[h] = p.blocks + (size_t(e) * p.N + min(R0 + pt + 128 * h, p.N - 1)) * G * 16;
+    cp_async_wait<0>();
+    asm volatile("bar.sync 1, 128;" ::: "memory");  // the producer's warps: every scale has landed
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // rows past N keep 0: their outputs are dropped
+      const int lr = pt + 128 * h;
+      uint32_t m = 0;
+      if (lr < nrows)
+#pragma unroll 8
+        for (int gi = 0; gi < G; ++gi) m = max(m, uint32_t(srow[lr * G + gi]));
+      smax[h] = m;
+      smax_s[lr] = uint8_t(m);
+    }
+    // B row pt: token pt / 2's hi (even) or lo (odd) row; rows past the tile's are zeros.
+    const int tok = pt >> 1;
+    const bool bvalid = tok < rows;
+    const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
+    const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (pt & 1) * Kp;
+    const int bdst = kWSegA + (pt >> 3) * 256 + (pt & 7) * 16;
+    auto copy_raw = [&](int s) {
+      if (s < S)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int q = 0; q < 4; ++q)
+            cp_async16(raw + (s % kWRaw) * kWRawSeg + (pt + 128 * h) * 64 + q * 16, blk[h] + (4 * s + q) * 16,
+                       4 * s + q < G);
+      cp_async_commit();  // one group a segment, empty past S, so the waits below count segments
+    };
+#pragma unroll
+    for (int s = 0; s < kWRaw - 1; ++s) copy_raw(s);
+    for (int s = 0; s < S; ++s) {
+      const int slot = s % kWStages;
+      uint8_t* st = sm + slot * kWStage;
+      if (s >= kWStages) mbar_wait(&empty[slot], (s / kWStages - 1) & 1);
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+        cp_async16(st + bdst + (c >> 1) * kWStepB + (c & 1) * 128, bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
+      mbar_arrive_copies(&full[slot]);
+      copy_raw(s + kWRaw - 1);
+      cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lr = pt + 128 * h;
+        const uint8_t* rs = raw + (s % kWRaw) * kWRawSeg + lr * 64;
+        const uint8_t* sr = srow + lr * G + 4 * s;  // past G: another row's or stale bytes, on zero weights
+        uint32_t o[4][2][4];  // [k32 step][half][group]
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint4 x = *reinterpret_cast<const uint4*>(rs + q * 16);
+          uint32_t lo, hi;
+          scale_luts(sr[q], smax[h], lo, hi);
+          e2m1x8_scaled(x.x, lo, hi, o[0][0][q], o[0][1][q]);
+          e2m1x8_scaled(x.y, lo, hi, o[1][0][q], o[1][1][q]);
+          e2m1x8_scaled(x.z, lo, hi, o[2][0][q], o[2][1][q]);
+          e2m1x8_scaled(x.w, lo, hi, o[3][0][q], o[3][1][q]);
+        }
+        // Weight row r of an m64 block is the MMA's row 16 (r / 16) + (r % 16) / 2 + 8 (r % 2): a
+        // consumer thread's two rows are then a gate / linear pair, as in moe_fp8_k.
+        const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1);
+        uint8_t* a = st + mb * 4 * kWStepA + (m >> 3) * 256 + (m & 7) * 16;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<uint4*>(a + ks * kWStepA + hf * 128) =
+                make_uint4(o[ks][hf][0], o[ks][hf][1], o[ks][hf][2], o[ks][hf][3]);
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, to the MMAs' proxy
+      mbar_arrive(&full[slot]);
+    }
+    cp_async_wait<0>();
+    if (kFc1 && blockIdx.y == 0) {  // zeros past I in the tile's act_q rows, for FC2's last segment
+      const int I = p.N / 2, Ip = moe_fp8_kpad(I), pad = Ip - I;
+      for (int c = pt; c < rows * pad; c += 128) {
+        uint8_t* out = p.act_q + size_t(row0 + c / pad) * 2 * Ip;
+        const int pos = moe_fp8_pos(I + c % pad);
+        out[pos] = 0;
+        out[Ip + pos] = 0;
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup c has m64 blocks 2c and 2c + 1 ----
+  const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  float acc0[64], acc1[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+  const uint32_t base = b_desc_lo(smem_addr(sm));
+  for (int s = 0; s < S; ++s) {
+    const int slot = s % kWStages;
+    mbar_wait(&full[slot], (s / kWStages) & 1);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, to the MMAs' proxy
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    const uint32_t st = base + slot * (kWStage >> 4);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint64_t db = b_desc(st + ((kWSegA + q * kWStepB) >> 4));
+      wgmma_ss_m64n128k32(acc0, b_desc(st + (((2 * c) * 4 * kWStepA + q * kWStepA) >> 4)), db);
+      wgmma_ss_m64n128k32(acc1, b_desc(st + (((2 * c + 1) * 4 * kWStepA + q * kWStepA) >> 4)), db);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    if (s > 0) mbar_arrive(&empty[(s - 1) % kWStages]);
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int lr = (2 * c + h) * 64 + 16 * warp + 2 * g, rA = blockIdx.y * kWRows + lr;
+    if (rA < p.N)
+      wide_epilogue<kFc1>(p, h ? acc1 : acc0, e, row0, rows, rA, smax_s[lr], smax_s[lr + 1], t);
+  }
+#endif
+}
+
 // Whether the sm_90a kernels exist in this binary: a build for plain sm_90 compiles their bodies empty.
 __global__ void wgmma_probe_k(int* out) {
 #ifdef MX_WGMMA
@@ -290,16 +520,25 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
   if (!moe_fp8_available()) throw_error("moe fp8: needs an sm_90 GPU (wgmma)");
   if (p.K % 32 || p.N % 2 || p.K <= 0 || p.N <= 0) throw_error("moe fp8: K must be a multiple of 32 and N even");
-  if (p.tile_rows != kMoeTileRowsSparse) throw_error("moe fp8: tiles of 16 rows only");
-  const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
   static std::atomic<unsigned long long> ready{0};
+  static int most = 0;
   once_per_device(ready, [] {
-    int dev = 0, most = 0;
+    int dev = 0;
     MX_CUDA(cudaGetDevice(&dev));
     MX_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
   });
-  moe_fp8_k<kFc1><<<dim3(p.max_tiles, (p.N + kRows - 1) / kRows), kThreads, smem, s>>>(p);
+  if (p.tile_rows == kMoeTileRowsSparse) {
+    const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
+    moe_fp8_k<kFc1><<<dim3(p.max_tiles, (p.N + kRows - 1) / kRows), kThreads, smem, s>>>(p);
+  } else if (p.tile_rows == kMoeTileRowsPrefill) {
+    const size_t smem = wide_smem_bytes(p.K);
+    if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
+    moe_fp8_wide_k<kFc1><<<dim3(p.max_tiles, (p.N + kWRows - 1) / kWRows), kWThreads, smem, s>>>(p);
+  } else {
+    throw_error("moe fp8: tiles of 16 or 64 rows");
+  }
   MX_CUDA(cudaGetLastError());
 }
 }  // namespace

@@ -88,7 +88,7 @@ void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H,
 // ---- Wide steps on FP8 tensor cores (sm_90a wgmma; moe_fp8.cu has the why) ----
 // Operands are e4m3 hi/lo rows: x 2^xs = hi + lo, the hi row then the lo row, each moe_fp8_kpad(K)
 // bytes with value v at moe_fp8_pos(v) (the k order the kernel's A fragments take), zeros past K.
-// Tiles of kMoeTileRowsSparse rows only (the same route as moe_fc1_prefill's sparse tiles).
+// Tiles of kMoeTileRowsSparse or kMoeTileRowsPrefill rows (the same route as moe_fc1_prefill's).
 constexpr float kMoeFp8ActScale = 4.f;  // FC2's operand: |SwiGLU| <= limit * (limit + 1) = 56 -> 224 < 448
 __host__ __device__ inline int moe_fp8_kpad(int K) { return (K + 127) / 128 * 128; }
 __host__ __device__ inline int moe_fp8_pos(int v) {

@@ -38,7 +38,7 @@ std::vector<T> to_host(const T* d, size_t n) {
 }
 
 // tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64.
-// fp8: the wide-step FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16-row tiles.
+// fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16- or 64-row tiles.
 // wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
 // row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
 struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; bool wide_scales = false; };
@@ -181,7 +181,13 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{24, 32, 2880, 2880, false, 16, true},
                                            Case{37, 8, 384, 1440, false, 16, true},  // 45 groups (odd): TP=2's FC2
                                            Case{9, 16, 256, 96, false, 16, true},  // 3 groups, a partial CTA
-                                           Case{9, 8, 2880, 2880, false, 16, true, true}));
+                                           Case{9, 8, 2880, 2880, false, 16, true, true},
+                                           // prefill tiles (64 rows: B through the ring of segments)
+                                           Case{333, 128, 128, 128, true, 64, true},
+                                           Case{65, 32, 256, 320, false, 64, true},
+                                           Case{123, 16, 256, 192, false, 64, true},
+                                           Case{37, 8, 384, 2880, false, 64, true},
+                                           Case{300, 4, 256, 1440, false, 64, true}));
 
 }  // namespace
 }  // namespace mx::cuda
