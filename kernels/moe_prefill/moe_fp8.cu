@@ -131,6 +131,38 @@ __global__ void quant_k(const uint16_t* x, int K, uint8_t* xq, float* xinv) {
   }
 }
 
+// Both kernels' output: acc[4j + c] is column 8j + 2t (hi) or + 1 (lo) = token 4j + t, weight row rA for
+// c < 2, rA + 1 for c >= 2; FC1 writes SwiGLU as hi/lo e4m3 (act_q), FC2 the weighted rows (y_slot).
+template <bool kFc1, int kAcc>
+__device__ __forceinline__ void epilogue(const MoeGemmPrefillParams& p, const float (&acc)[kAcc], int e, int row0,
+                                         int rows, int rA, uint32_t smaxA, uint32_t smaxB, int t) {
+  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
+  const float fa = ldexpf(1.f, int(smaxA) - 133), fb = ldexpf(1.f, int(smaxB) - 133);
+  const float bA = __bfloat162float(bias[rA]), bB = __bfloat162float(bias[rA + 1]);
+#pragma unroll
+  for (int j = 0; j < kAcc / 4; ++j) {
+    const int tok = 4 * j + t;
+    if (tok >= rows) continue;
+    const int r = row0 + tok;
+    const float xi = kFc1 ? p.xinv[p.sorted_tok[r]] : 1.f / kMoeFp8ActScale;
+    const float y0 = (acc[4 * j] + acc[4 * j + 1]) * fa * xi + bA;
+    const float y1 = (acc[4 * j + 2] + acc[4 * j + 3]) * fb * xi + bB;
+    if constexpr (kFc1) {
+      const float gate = fminf(y0, p.limit), up = fminf(fmaxf(y1, -p.limit), p.limit);
+      const float a = __bfloat162float(__float2bfloat16(gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f)));
+      const int Ip = moe_fp8_kpad(p.N / 2), pos = moe_fp8_pos(rA / 2);
+      const float y = a * kMoeFp8ActScale;
+      const uint8_t hb8 = e4m3_rn(y);
+      uint8_t* out = p.act_q + size_t(r) * 2 * Ip;
+      out[pos] = hb8;
+      out[Ip + pos] = e4m3_rn(y - e4m3_to_f32(hb8));
+    } else {
+      const float w = p.sorted_w[r];
+      *reinterpret_cast<float2*>(p.y_slot + size_t(p.sorted_slot[r]) * p.N + rA) = make_float2(y0 * w, y1 * w);
+    }
+  }
+}
+
 template <bool kFc1>
 __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
@@ -230,33 +262,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
     }
   }
 
-  // acc[4j + c]: columns 8j + 2t (hi) and + 1 (lo) = token 4j + t; c < 2 row rA, c >= 2 row rA + 1.
-  if (!live) return;
-  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
-  const float fa = ldexpf(1.f, int(smaxA) - 133), fb = ldexpf(1.f, int(smaxB) - 133);
-  const float bA = __bfloat162float(bias[rA]), bB = __bfloat162float(bias[rA + 1]);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int tok = 4 * j + t;
-    if (tok >= rows) continue;
-    const int r = row0 + tok;
-    const float xi = kFc1 ? p.xinv[p.sorted_tok[r]] : 1.f / kMoeFp8ActScale;
-    const float y0 = (acc[4 * j] + acc[4 * j + 1]) * fa * xi + bA;
-    const float y1 = (acc[4 * j + 2] + acc[4 * j + 3]) * fb * xi + bB;
-    if constexpr (kFc1) {
-      const float gate = fminf(y0, p.limit), up = fminf(fmaxf(y1, -p.limit), p.limit);
-      const float a = __bfloat162float(__float2bfloat16(gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f)));
-      const int Ip = moe_fp8_kpad(p.N / 2), pos = moe_fp8_pos(rA / 2);
-      const float y = a * kMoeFp8ActScale;
-      const uint8_t hb8 = e4m3_rn(y);
-      uint8_t* out = p.act_q + size_t(r) * 2 * Ip;
-      out[pos] = hb8;
-      out[Ip + pos] = e4m3_rn(y - e4m3_to_f32(hb8));
-    } else {
-      const float w = p.sorted_w[r];
-      *reinterpret_cast<float2*>(p.y_slot + size_t(p.sorted_slot[r]) * p.N + rA) = make_float2(y0 * w, y1 * w);
-    }
-  }
+  if (live) epilogue<kFc1>(p, acc, e, row0, rows, rA, smaxA, smaxB, t);
 #endif
 }
 
@@ -309,37 +315,6 @@ __device__ __forceinline__ void wgmma_ss_m64n128k32(float (&d)[64], uint64_t da,
       : "l"(da), "l"(db));
 }
 #endif
-
-// acc[4j + c]: columns 8j + 2t (hi) and + 1 (lo) = token 4j + t; c < 2 weight row rA, c >= 2 rA + 1.
-template <bool kFc1>
-__device__ __forceinline__ void wide_epilogue(const MoeGemmPrefillParams& p, const float (&acc)[64], int e, int row0,
-                                              int rows, int rA, uint32_t smaxA, uint32_t smaxB, int t) {
-  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
-  const float fa = ldexpf(1.f, int(smaxA) - 133), fb = ldexpf(1.f, int(smaxB) - 133);
-  const float bA = __bfloat162float(bias[rA]), bB = __bfloat162float(bias[rA + 1]);
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int tok = 4 * j + t;
-    if (tok >= rows) continue;
-    const int r = row0 + tok;
-    const float xi = kFc1 ? p.xinv[p.sorted_tok[r]] : 1.f / kMoeFp8ActScale;
-    const float y0 = (acc[4 * j] + acc[4 * j + 1]) * fa * xi + bA;
-    const float y1 = (acc[4 * j + 2] + acc[4 * j + 3]) * fb * xi + bB;
-    if constexpr (kFc1) {
-      const float gate = fminf(y0, p.limit), up = fminf(fmaxf(y1, -p.limit), p.limit);
-      const float a = __bfloat162float(__float2bfloat16(gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f)));
-      const int Ip = moe_fp8_kpad(p.N / 2), pos = moe_fp8_pos(rA / 2);
-      const float y = a * kMoeFp8ActScale;
-      const uint8_t hb8 = e4m3_rn(y);
-      uint8_t* out = p.act_q + size_t(r) * 2 * Ip;
-      out[pos] = hb8;
-      out[Ip + pos] = e4m3_rn(y - e4m3_to_f32(hb8));
-    } else {
-      const float w = p.sorted_w[r];
-      *reinterpret_cast<float2*>(p.y_slot + size_t(p.sorted_slot[r]) * p.N + rA) = make_float2(y0 * w, y1 * w);
-    }
-  }
-}
 
 template <bool kFc1>
 __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
@@ -482,7 +457,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
   for (int h = 0; h < 2; ++h) {
     const int lr = (2 * c + h) * 64 + 16 * warp + 2 * g, rA = blockIdx.y * kWRows + lr;
     if (rA < p.N)
-      wide_epilogue<kFc1>(p, h ? acc1 : acc0, e, row0, rows, rA, smax_s[lr], smax_s[lr + 1], t);
+      epilogue<kFc1>(p, h ? acc1 : acc0, e, row0, rows, rA, smax_s[lr], smax_s[lr + 1], t);
   }
 #endif
 }
