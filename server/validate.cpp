@@ -109,6 +109,10 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
       p.stop_token_ids.push_back(t.get<int32_t>());
     }
   }
+  if (present(body, "ignore_eos")) {
+    if (!body["ignore_eos"].is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
+    p.ignore_eos = body["ignore_eos"].get<bool>();
+  }
   // min_tokens needs stop tokens masked in the sampler, which the runners do not do yet: refuse
   // it rather than silently ignore it (0 is the default and fine).
   if (present(body, "min_tokens")) {

@@ -26,6 +26,7 @@ struct CommonParams {
   bool include_usage = false;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // vLLM extension; the caller checks them against the vocabulary
+  bool ignore_eos = false;  // vLLM extension: the model's end tokens (eos ids; chat: <|return|>, <|call|>) do not stop
 };
 
 // chat: logprobs is a bool + top_logprobs; completions: logprobs is an int (0..20).

@@ -52,6 +52,9 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"min_tokens":50,"max_tokens":10})"), "min_tokens");  // row 25
   EXPECT_EQ(bad_param(R"({"min_tokens":-1})"), "min_tokens");
   EXPECT_EQ(bad_param(R"({"min_tokens":0})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"ignore_eos":1})"), "ignore_eos");
+  EXPECT_EQ(bad_param(R"({"ignore_eos":"true"})"), "ignore_eos");
+  EXPECT_EQ(bad_param(R"({"ignore_eos":true})", false), "<accepted>");
   json many = {{"stop", json::array()}};
   for (int i = 0; i < 1000; ++i) many["stop"].push_back("x");
   EXPECT_EQ(bad_param(many.dump()), "stop");
