@@ -267,13 +267,16 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 }
 
 // ---- Prefill tiles (up to 64 rows): the shape of a Hopper GEMM ----
-// One producer warpgroup turns the MXFP4 weights into e4m3 in shared memory (raw bytes in through
+// Producer warpgroups (kWProd threads; two: registers moved to the consumers with setmaxnreg) turn the
+// MXFP4 weights into e4m3 in shared memory (raw bytes in through
 // cp.async kWRaw segments ahead, scales folded as above, the k order of moe_fp8_pos) and copies B (64
 // tokens x hi/lo = 128 columns) beside them; two consumer warpgroups run wgmma with both operands in
 // shared memory, 128 weight rows each (two m64 blocks, so B is read once for 256 rows), keeping one
 // segment's MMAs in flight behind the next. mbarriers hand the kWStages stages over (full: A stored and
 // B landed; empty: both consumers' MMAs on it done).
-[[maybe_unused]] constexpr int kWRows = 256, kWThreads = 384, kWStages = 3, kWRaw = 3;
+// kWProd producer threads (one or two warpgroups), kWPer weight rows each, kWBc 16-byte B chunks each.
+[[maybe_unused]] constexpr int kWRows = 256, kWProd = 256, kWThreads = kWProd + 256, kWStages = 3, kWRaw = 3;
+[[maybe_unused]] constexpr int kWPer = kWRows / kWProd, kWBc = 1024 / kWProd;
 [[maybe_unused]] constexpr int kWStepA = 64 * 32;        // one k32 step of an m64 block (2 KB)
 [[maybe_unused]] constexpr int kWSegA = kWRows * 128;    // e4m3 weights of a 128-value segment (32 KB)
 [[maybe_unused]] constexpr int kWStepB = 2 * kMoeTileRowsPrefill * 32;  // 128 columns x k32 (4 KB)
@@ -327,31 +330,32 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
   const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
   const int rows = min(kMoeTileRowsPrefill, p.offsets[e + 1] - row0);
   const int G = p.K / 32, S = (G + 3) / 4, Kp = 128 * S;
-  const int tid = threadIdx.x, wg = tid >> 7;
+  const int tid = threadIdx.x;
   uint8_t* raw = sm + kWStages * kWStage;
   uint8_t* slab = raw + kWRaw * kWRawSeg;
   if (tid < kWStages) {
-    mbar_init(&full[tid], 256);  // the producer's 128 threads: their copies, then their stores
+    mbar_init(&full[tid], 2 * kWProd);  // each producer thread: its copies, then its stores
     mbar_init(&empty[tid], 256);  // the consumers' 256 threads
   }
   __syncthreads();
 
-  if (wg == 0) {  // ---- producer: local weight rows pt and pt + 128 ----
+  if (tid < kWProd) {  // ---- producer: local weight rows pt + kWProd h ----
+    if constexpr (kWProd == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;");
     const int pt = tid, R0 = blockIdx.y * kWRows, nrows = min(kWRows, p.N - R0);
     const uint8_t* sc0 = p.scales + (size_t(e) * p.N + R0) * G;
     const int mis = int(reinterpret_cast<uintptr_t>(sc0) & 15);
-    for (int i = pt; i < (mis + nrows * G + 15) / 16; i += 128) cp_async16(slab + 16 * i, sc0 - mis + 16 * i);
+    for (int i = pt; i < (mis + nrows * G + 15) / 16; i += kWProd) cp_async16(slab + 16 * i, sc0 - mis + 16 * i);
     cp_async_commit();
     const uint8_t* srow = slab + mis;  // row lr's scales at srow + lr * G
-    const uint8_t* blk[2];
-    uint32_t smax[2];
+    const uint8_t* blk[kWPer];
+    uint32_t smax[kWPer];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) blk[h] = p.blocks + (size_t(e) * p.N + min(R0 + pt + 128 * h, p.N - 1)) * G * 16;
+    for (int h = 0; h < kWPer; ++h) blk[h] = p.blocks + (size_t(e) * p.N + min(R0 + pt + kWProd * h, p.N - 1)) * G * 16;
     cp_async_wait<0>();
-    asm volatile("bar.sync 1, 128;" ::: "memory");  // the producer's warps: every scale has landed
+    asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // the producer's warps: every scale has landed
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // rows past N keep 0: their outputs are dropped
-      const int lr = pt + 128 * h;
+    for (int h = 0; h < kWPer; ++h) {  // rows past N keep 0: their outputs are dropped
+      const int lr = pt + kWProd * h;
       uint32_t m = 0;
       if (lr < nrows)
 #pragma unroll 8
@@ -359,19 +363,19 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       smax[h] = m;
       smax_s[lr] = uint8_t(m);
     }
-    // B row pt: token pt / 2's hi (even) or lo (odd) row; rows past the tile's are zeros.
-    const int tok = pt >> 1;
+    // B row bn (token bn / 2's hi or lo row; rows past the tile's are zeros), chunks bc0 .. bc0 + kWBc - 1.
+    const int bn = pt * kWBc / 8, bc0 = pt * kWBc % 8, tok = bn >> 1;
     const bool bvalid = tok < rows;
     const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
-    const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (pt & 1) * Kp;
-    const int bdst = kWSegA + (pt >> 3) * 256 + (pt & 7) * 16;
+    const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (bn & 1) * Kp;
+    const int bdst = kWSegA + (bn >> 3) * 256 + (bn & 7) * 16;
     auto copy_raw = [&](int s) {
       if (s < S)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < kWPer; ++h)
 #pragma unroll
           for (int q = 0; q < 4; ++q)
-            cp_async16(raw + (s % kWRaw) * kWRawSeg + (pt + 128 * h) * 64 + q * 16, blk[h] + (4 * s + q) * 16,
+            cp_async16(raw + (s % kWRaw) * kWRawSeg + (pt + kWProd * h) * 64 + q * 16, blk[h] + (4 * s + q) * 16,
                        4 * s + q < G);
       cp_async_commit();  // one group a segment, empty past S, so the waits below count segments
     };
@@ -382,14 +386,14 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       uint8_t* st = sm + slot * kWStage;
       if (s >= kWStages) mbar_wait(&empty[slot], (s / kWStages - 1) & 1);
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
+      for (int c = bc0; c < bc0 + kWBc; ++c)
         cp_async16(st + bdst + (c >> 1) * kWStepB + (c & 1) * 128, bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
       mbar_arrive_copies(&full[slot]);
       copy_raw(s + kWRaw - 1);
       cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int lr = pt + 128 * h;
+      for (int h = 0; h < kWPer; ++h) {
+        const int lr = pt + kWProd * h;
         const uint8_t* rs = raw + (s % kWRaw) * kWRawSeg + lr * 64;
         const uint8_t* sr = srow + lr * G + 4 * s;  // past G: another row's or stale bytes, on zero weights
         uint32_t o[4][2][4];  // [k32 step][half][group]
@@ -420,7 +424,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
     cp_async_wait<0>();
     if (kFc1 && blockIdx.y == 0) {  // zeros past I in the tile's act_q rows, for FC2's last segment
       const int I = p.N / 2, Ip = moe_fp8_kpad(I), pad = Ip - I;
-      for (int c = pt; c < rows * pad; c += 128) {
+      for (int c = pt; c < rows * pad; c += kWProd) {
         uint8_t* out = p.act_q + size_t(row0 + c / pad) * 2 * Ip;
         const int pos = moe_fp8_pos(I + c % pad);
         out[pos] = 0;
@@ -431,7 +435,8 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
   }
 
   // ---- consumers: warpgroup c has m64 blocks 2c and 2c + 1 ----
-  const int c = wg - 1, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  if constexpr (kWProd == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 184;");
+  const int c = (tid - kWProd) >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   float acc0[64], acc1[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
