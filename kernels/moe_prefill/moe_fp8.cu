@@ -24,6 +24,7 @@
 //     moe_fp8_wide_k).
 #include "kernels/moe_prefill/moe_prefill.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cuda_fp8.h>
 #include <string>
@@ -273,7 +274,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 // tokens x hi/lo = 128 columns) beside them; two consumer warpgroups run wgmma with both operands in
 // shared memory, 128 weight rows each (two m64 blocks, so B is read once for 256 rows), keeping one
 // segment's MMAs in flight behind the next. mbarriers hand the kWStages stages over (full: A stored and
-// B landed; empty: both consumers' MMAs on it done).
+// B landed; empty: both consumers' MMAs on it done). The grid is persistent (one CTA an SM walks
+// (tile, slice) items): the producer copies the next item's scales and fills its first stages while the
+// consumers drain the last item's MMAs and write its outputs.
 // kWProd producer threads (one or two warpgroups), kWPer weight rows each, kWBc 16-byte B chunks each.
 [[maybe_unused]] constexpr int kWRows = 256, kWProd = 256, kWThreads = kWProd + 256, kWStages = 3, kWRaw = 3;
 [[maybe_unused]] constexpr int kWPer = kWRows / kWProd, kWBc = 1024 / kWProd;
@@ -323,12 +326,11 @@ template <bool kFc1>
 __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
   extern __shared__ __align__(128) uint8_t sm[];
-  __shared__ __align__(8) uint64_t full[kWStages], empty[kWStages];
-  __shared__ uint8_t smax_s[kWRows];
-  const int tile = blockIdx.x;
-  if (tile >= *p.num_tiles) return;
-  const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-  const int rows = min(kMoeTileRowsPrefill, p.offsets[e + 1] - row0);
+  // full / empty: the stages; epi: a consumer's epilogue of the item before last is done (smax_s free).
+  __shared__ __align__(8) uint64_t full[kWStages], empty[kWStages], epi[2];
+  __shared__ uint8_t smax_s[2][kWRows];  // per item parity: the rows' largest scales, for the epilogue
+  const int nt = *p.num_tiles, slices = (p.N + kWRows - 1) / kWRows, items = nt * slices;
+  if (int(blockIdx.x) >= items) return;
   const int G = p.K / 32, S = (G + 3) / 4, Kp = 128 * S;
   const int tid = threadIdx.x;
   uint8_t* raw = sm + kWStages * kWStage;
@@ -337,132 +339,151 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
     mbar_init(&full[tid], 2 * kWProd);  // each producer thread: its copies, then its stores
     mbar_init(&empty[tid], 256);  // the consumers' 256 threads
   }
+  if (tid < 2) mbar_init(&epi[tid], 256);
   __syncthreads();
 
+  // Items (tile, slice of kWRows weight rows), tile-major within a slice: CTAs running side by side
+  // take neighbouring tiles, so an expert's tiles read its weights from L2 once.
   if (tid < kWProd) {  // ---- producer: local weight rows pt + kWProd h ----
     if constexpr (kWProd == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;");
-    const int pt = tid, R0 = blockIdx.y * kWRows, nrows = min(kWRows, p.N - R0);
-    const uint8_t* sc0 = p.scales + (size_t(e) * p.N + R0) * G;
-    const int mis = int(reinterpret_cast<uintptr_t>(sc0) & 15);
-    for (int i = pt; i < (mis + nrows * G + 15) / 16; i += kWProd) cp_async16(slab + 16 * i, sc0 - mis + 16 * i);
-    cp_async_commit();
-    const uint8_t* srow = slab + mis;  // row lr's scales at srow + lr * G
-    const uint8_t* blk[kWPer];
-    uint32_t smax[kWPer];
+    const int pt = tid;
+    int it = 0;  // segments produced, over all of this CTA's items
+    for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
+      const int tile = item % nt, R0 = (item / nt) * kWRows, nrows = min(kWRows, p.N - R0);
+      const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
+      const int rows = min(kMoeTileRowsPrefill, p.offsets[e + 1] - row0);
+      if (j > 0) asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // the last item's slab reads are done
+      const uint8_t* sc0 = p.scales + (size_t(e) * p.N + R0) * G;
+      const int mis = int(reinterpret_cast<uintptr_t>(sc0) & 15);
+      for (int i = pt; i < (mis + nrows * G + 15) / 16; i += kWProd) cp_async16(slab + 16 * i, sc0 - mis + 16 * i);
+      cp_async_commit();
+      const uint8_t* srow = slab + mis;  // row lr's scales at srow + lr * G
+      const uint8_t* blk[kWPer];
+      uint32_t smax[kWPer];
 #pragma unroll
-    for (int h = 0; h < kWPer; ++h) blk[h] = p.blocks + (size_t(e) * p.N + min(R0 + pt + kWProd * h, p.N - 1)) * G * 16;
-    cp_async_wait<0>();
-    asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // the producer's warps: every scale has landed
+      for (int h = 0; h < kWPer; ++h) blk[h] = p.blocks + (size_t(e) * p.N + min(R0 + pt + kWProd * h, p.N - 1)) * G * 16;
+      // B row bn (token bn / 2's hi or lo row; rows past the tile's are zeros), chunks bc0 .. bc0 + kWBc - 1.
+      const int bn = pt * kWBc / 8, bc0 = pt * kWBc % 8, tok = bn >> 1;
+      const bool bvalid = tok < rows;
+      const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
+      const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (bn & 1) * Kp;
+      const int bdst = kWSegA + (bn >> 3) * 256 + (bn & 7) * 16;
+      auto copy_raw = [&](int s) {
+        if (s < S)
 #pragma unroll
-    for (int h = 0; h < kWPer; ++h) {  // rows past N keep 0: their outputs are dropped
-      const int lr = pt + kWProd * h;
-      uint32_t m = 0;
-      if (lr < nrows)
-#pragma unroll 8
-        for (int gi = 0; gi < G; ++gi) m = max(m, uint32_t(srow[lr * G + gi]));
-      smax[h] = m;
-      smax_s[lr] = uint8_t(m);
-    }
-    // B row bn (token bn / 2's hi or lo row; rows past the tile's are zeros), chunks bc0 .. bc0 + kWBc - 1.
-    const int bn = pt * kWBc / 8, bc0 = pt * kWBc % 8, tok = bn >> 1;
-    const bool bvalid = tok < rows;
-    const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
-    const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (bn & 1) * Kp;
-    const int bdst = kWSegA + (bn >> 3) * 256 + (bn & 7) * 16;
-    auto copy_raw = [&](int s) {
-      if (s < S)
+          for (int h = 0; h < kWPer; ++h)
 #pragma unroll
-        for (int h = 0; h < kWPer; ++h)
+            for (int q = 0; q < 4; ++q)
+              cp_async16(raw + (s % kWRaw) * kWRawSeg + (pt + kWProd * h) * 64 + q * 16, blk[h] + (4 * s + q) * 16,
+                         4 * s + q < G);
+        cp_async_commit();  // one group a segment, empty past S, so the waits below count segments
+      };
 #pragma unroll
-          for (int q = 0; q < 4; ++q)
-            cp_async16(raw + (s % kWRaw) * kWRawSeg + (pt + kWProd * h) * 64 + q * 16, blk[h] + (4 * s + q) * 16,
-                       4 * s + q < G);
-      cp_async_commit();  // one group a segment, empty past S, so the waits below count segments
-    };
+      for (int s = 0; s < kWRaw - 1; ++s) copy_raw(s);
+      cp_async_wait<kWRaw - 1>();  // the slab (the oldest group)
+      asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // every scale has landed
+      if (j >= 2) mbar_wait(&epi[j & 1], ((j >> 1) - 1) & 1);  // item j - 2's epilogue read smax_s[j & 1]
 #pragma unroll
-    for (int s = 0; s < kWRaw - 1; ++s) copy_raw(s);
-    for (int s = 0; s < S; ++s) {
-      const int slot = s % kWStages;
-      uint8_t* st = sm + slot * kWStage;
-      if (s >= kWStages) mbar_wait(&empty[slot], (s / kWStages - 1) & 1);
-#pragma unroll
-      for (int c = bc0; c < bc0 + kWBc; ++c)
-        cp_async16(st + bdst + (c >> 1) * kWStepB + (c & 1) * 128, bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
-      mbar_arrive_copies(&full[slot]);
-      copy_raw(s + kWRaw - 1);
-      cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
-#pragma unroll
-      for (int h = 0; h < kWPer; ++h) {
+      for (int h = 0; h < kWPer; ++h) {  // rows past N keep 0: their outputs are dropped
         const int lr = pt + kWProd * h;
-        const uint8_t* rs = raw + (s % kWRaw) * kWRawSeg + lr * 64;
-        const uint8_t* sr = srow + lr * G + 4 * s;  // past G: another row's or stale bytes, on zero weights
-        uint32_t o[4][2][4];  // [k32 step][half][group]
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 x = *reinterpret_cast<const uint4*>(rs + q * 16);
-          uint32_t lo, hi;
-          scale_luts(sr[q], smax[h], lo, hi);
-          e2m1x8_scaled(x.x, lo, hi, o[0][0][q], o[0][1][q]);
-          e2m1x8_scaled(x.y, lo, hi, o[1][0][q], o[1][1][q]);
-          e2m1x8_scaled(x.z, lo, hi, o[2][0][q], o[2][1][q]);
-          e2m1x8_scaled(x.w, lo, hi, o[3][0][q], o[3][1][q]);
-        }
-        // Weight row r of an m64 block is the MMA's row 16 (r / 16) + (r % 16) / 2 + 8 (r % 2): a
-        // consumer thread's two rows are then a gate / linear pair, as in moe_fp8_k.
-        const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1);
-        uint8_t* a = st + mb * 4 * kWStepA + (m >> 3) * 256 + (m & 7) * 16;
-#pragma unroll
-        for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
-            *reinterpret_cast<uint4*>(a + ks * kWStepA + hf * 128) =
-                make_uint4(o[ks][hf][0], o[ks][hf][1], o[ks][hf][2], o[ks][hf][3]);
+        uint32_t m = 0;
+        if (lr < nrows)
+#pragma unroll 8
+          for (int gi = 0; gi < G; ++gi) m = max(m, uint32_t(srow[lr * G + gi]));
+        smax[h] = m;
+        smax_s[j & 1][lr] = uint8_t(m);
       }
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, to the MMAs' proxy
-      mbar_arrive(&full[slot]);
+      for (int s = 0; s < S; ++s, ++it) {
+        const int slot = it % kWStages;
+        uint8_t* st = sm + slot * kWStage;
+        if (it >= kWStages) mbar_wait(&empty[slot], (it / kWStages - 1) & 1);
+#pragma unroll
+        for (int c = bc0; c < bc0 + kWBc; ++c)
+          cp_async16(st + bdst + (c >> 1) * kWStepB + (c & 1) * 128, bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
+        mbar_arrive_copies(&full[slot]);
+        copy_raw(s + kWRaw - 1);
+        cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
+#pragma unroll
+        for (int h = 0; h < kWPer; ++h) {
+          const int lr = pt + kWProd * h;
+          const uint8_t* rs = raw + (s % kWRaw) * kWRawSeg + lr * 64;
+          const uint8_t* sr = srow + lr * G + 4 * s;  // past G: another row's or stale bytes, on zero weights
+          uint32_t o[4][2][4];  // [k32 step][half][group]
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint4 x = *reinterpret_cast<const uint4*>(rs + q * 16);
+            uint32_t lo, hi;
+            scale_luts(sr[q], smax[h], lo, hi);
+            e2m1x8_scaled(x.x, lo, hi, o[0][0][q], o[0][1][q]);
+            e2m1x8_scaled(x.y, lo, hi, o[1][0][q], o[1][1][q]);
+            e2m1x8_scaled(x.z, lo, hi, o[2][0][q], o[2][1][q]);
+            e2m1x8_scaled(x.w, lo, hi, o[3][0][q], o[3][1][q]);
+          }
+          // Weight row r of an m64 block is the MMA's row 16 (r / 16) + (r % 16) / 2 + 8 (r % 2): a
+          // consumer thread's two rows are then a gate / linear pair, as in moe_fp8_k.
+          const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1);
+          uint8_t* a = st + mb * 4 * kWStepA + (m >> 3) * 256 + (m & 7) * 16;
+#pragma unroll
+          for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+              *reinterpret_cast<uint4*>(a + ks * kWStepA + hf * 128) =
+                  make_uint4(o[ks][hf][0], o[ks][hf][1], o[ks][hf][2], o[ks][hf][3]);
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, to the MMAs' proxy
+        mbar_arrive(&full[slot]);
+      }
+      if (kFc1 && R0 == 0) {  // zeros past I in the tile's act_q rows, for FC2's last segment
+        const int I = p.N / 2, Ip = moe_fp8_kpad(I), pad = Ip - I;
+        for (int c = pt; c < rows * pad; c += kWProd) {
+          uint8_t* out = p.act_q + size_t(row0 + c / pad) * 2 * Ip;
+          const int pos = moe_fp8_pos(I + c % pad);
+          out[pos] = 0;
+          out[Ip + pos] = 0;
+        }
+      }
     }
     cp_async_wait<0>();
-    if (kFc1 && blockIdx.y == 0) {  // zeros past I in the tile's act_q rows, for FC2's last segment
-      const int I = p.N / 2, Ip = moe_fp8_kpad(I), pad = Ip - I;
-      for (int c = pt; c < rows * pad; c += kWProd) {
-        uint8_t* out = p.act_q + size_t(row0 + c / pad) * 2 * Ip;
-        const int pos = moe_fp8_pos(I + c % pad);
-        out[pos] = 0;
-        out[Ip + pos] = 0;
-      }
-    }
     return;
   }
 
   // ---- consumers: warpgroup c has m64 blocks 2c and 2c + 1 ----
   if constexpr (kWProd == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 184;");
   const int c = (tid - kWProd) >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  float acc0[64], acc1[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
   const uint32_t base = b_desc_lo(smem_addr(sm));
-  for (int s = 0; s < S; ++s) {
-    const int slot = s % kWStages;
-    mbar_wait(&full[slot], (s / kWStages) & 1);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, to the MMAs' proxy
-    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-    const uint32_t st = base + slot * (kWStage >> 4);
+  int it = 0;  // segments consumed, as the producer counts them
+  for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
+    float acc0[64], acc1[64];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const uint64_t db = b_desc(st + ((kWSegA + q * kWStepB) >> 4));
-      wgmma_ss_m64n128k32(acc0, b_desc(st + (((2 * c) * 4 * kWStepA + q * kWStepA) >> 4)), db);
-      wgmma_ss_m64n128k32(acc1, b_desc(st + (((2 * c + 1) * 4 * kWStepA + q * kWStepA) >> 4)), db);
+    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
+    for (int s = 0; s < S; ++s, ++it) {
+      const int slot = it % kWStages;
+      mbar_wait(&full[slot], (it / kWStages) & 1);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, to the MMAs' proxy
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+      const uint32_t st = base + slot * (kWStage >> 4);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint64_t db = b_desc(st + ((kWSegA + q * kWStepB) >> 4));
+        wgmma_ss_m64n128k32(acc0, b_desc(st + (((2 * c) * 4 * kWStepA + q * kWStepA) >> 4)), db);
+        wgmma_ss_m64n128k32(acc1, b_desc(st + (((2 * c + 1) * 4 * kWStepA + q * kWStepA) >> 4)), db);
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+      if (s > 0) mbar_arrive(&empty[(it - 1) % kWStages]);
     }
-    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-    if (s > 0) mbar_arrive(&empty[(s - 1) % kWStages]);
-  }
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+    mbar_arrive(&empty[(it - 1) % kWStages]);  // the producer fills it for the next item meanwhile
+    const int tile = item % nt, R0 = (item / nt) * kWRows;
+    const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
+    const int rows = min(kMoeTileRowsPrefill, p.offsets[e + 1] - row0);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int lr = (2 * c + h) * 64 + 16 * warp + 2 * g, rA = blockIdx.y * kWRows + lr;
-    if (rA < p.N)
-      epilogue<kFc1>(p, h ? acc1 : acc0, e, row0, rows, rA, smax_s[lr], smax_s[lr + 1], t);
+    for (int h = 0; h < 2; ++h) {
+      const int lr = (2 * c + h) * 64 + 16 * warp + 2 * g, rA = R0 + lr;
+      if (rA < p.N)
+        epilogue<kFc1>(p, h ? acc1 : acc0, e, row0, rows, rA, smax_s[j & 1][lr], smax_s[j & 1][lr + 1], t);
+    }
+    mbar_arrive(&epi[j & 1]);
   }
 #endif
 }
@@ -495,6 +516,16 @@ bool fp8_runs_here() {
          }) == 2;
 }
 
+// The current device's SMs: the persistent grid of moe_fp8_wide_k (one CTA an SM).
+int sm_count() {
+  static std::atomic<int> cache[64];
+  return per_device(cache, [](int dev) {
+    int n = 0;
+    MX_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  });
+}
+
 template <bool kFc1>
 void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
@@ -515,7 +546,8 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   } else if (p.tile_rows == kMoeTileRowsPrefill) {
     const size_t smem = wide_smem_bytes(p.K);
     if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
-    moe_fp8_wide_k<kFc1><<<dim3(p.max_tiles, (p.N + kWRows - 1) / kWRows), kWThreads, smem, s>>>(p);
+    const int items = p.max_tiles * ((p.N + kWRows - 1) / kWRows);  // at most: the tile count is on the device
+    moe_fp8_wide_k<kFc1><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : sm_count()), kWThreads, smem, s>>>(p);
   } else {
     throw_error("moe fp8: tiles of 16 or 64 rows");
   }

@@ -41,7 +41,8 @@ std::vector<T> to_host(const T* d, size_t n) {
 // fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16- or 64-row tiles.
 // wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
 // row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
-struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; bool wide_scales = false; };
+// ctas: the FP8 64-row kernel's persistent grid, fewer CTAs than SMs so each walks many items.
+struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; bool wide_scales = false; int ctas = 0; };
 
 class MoePrefill : public ::testing::TestWithParam<Case> {};
 
@@ -111,7 +112,7 @@ TEST_P(MoePrefill, MatchesReference) {
   MoeGemmPrefillParams f;
   f.sorted_tok = r.sorted_tok; f.sorted_slot = r.sorted_slot; f.sorted_w = r.sorted_w; f.offsets = r.offsets;
   f.tile_expert = r.tile_expert; f.tile_row0 = r.tile_row0; f.num_tiles = r.num_tiles; f.max_tiles = max_tiles;
-  f.tile_rows = tile_rows;
+  f.tile_rows = tile_rows; f.max_ctas = c.ctas;
   f.blocks = to_dev(b1); f.scales = to_dev(s1); f.bias = to_dev(bias1); f.x = to_dev(x);
   f.act = dev<uint16_t>(size_t(T) * k * I); f.N = 2 * I; f.K = H;
   uint8_t* xq = nullptr;
@@ -187,7 +188,11 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{65, 32, 256, 320, false, 64, true},
                                            Case{123, 16, 256, 192, false, 64, true},
                                            Case{37, 8, 384, 2880, false, 64, true},
-                                           Case{300, 4, 256, 1440, false, 64, true}));
+                                           Case{300, 4, 256, 1440, false, 64, true},
+                                           // a few persistent CTAs, many items each (S = 1 in FC2 of the last)
+                                           Case{300, 4, 256, 1440, false, 64, true, false, 3},
+                                           Case{37, 8, 384, 2880, false, 64, true, false, 5},
+                                           Case{200, 16, 256, 96, false, 64, true, false, 2}));
 
 }  // namespace
 }  // namespace mx::cuda
