@@ -32,9 +32,10 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
   };
 
   // The MoE's tiles for this step's M (the grids stay as small as the step allows).
-  const int tile_rows = cuda::moe_prefill_tile_rows(M, k, E), tiles = cuda::moe_prefill_max_tiles(M, k, E);
   // The experts run on FP8 tensor cores where the GPU has wgmma (both tile heights).
   const bool fp8_moe = cuda::moe_fp8_available();
+  const int tile_rows = cuda::moe_prefill_tile_rows(M, k, E, fp8_moe);
+  const int tiles = cuda::moe_prefill_max_tiles(M, k, E, fp8_moe);
   const DecodeRowSplits mma_splits = decode_row_splits(st, seqs, n_decode);
   cuda::launch_embed_bf16(model_.embed, m.tok, a.xa, M, H, s);
   mark("embed", 0);

@@ -1,6 +1,6 @@
 // The MoE on Hopper's FP8 tensor cores (wgmma, sm_90a): FC1 + SwiGLU and FC2 over sparse tiles (up to
 // 16 sorted rows of one expert: decode steps of 5-256 distinct sequences, short prompt chunks) and over
-// prefill tiles (up to 64 rows: moe_fp8_wide_k, below).
+// prefill tiles (up to 128 rows: moe_fp8_wide_k, below).
 //
 // Why: the bf16 path (moe_prefill.cu) is issue-bound on the E2M1 -> bf16 placement, the per-value scale
 // multiply and redundant shared-memory reads; here a weight costs about a third of those instructions
@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cuda_fp8.h>
 #include <string>
+#include <type_traits>
 
 #include "kernels/common/async_copy.cuh"
 #include "kernels/common/cuda_check.h"
@@ -267,25 +268,25 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 #endif
 }
 
-// ---- Prefill tiles (up to 64 rows): the shape of a Hopper GEMM ----
-// Producer warpgroups (kWProd threads; two: registers moved to the consumers with setmaxnreg) turn the
-// MXFP4 weights into e4m3 in shared memory (raw bytes in through
-// cp.async kWRaw segments ahead, scales folded as above, the k order of moe_fp8_pos) and copies B (64
-// tokens x hi/lo = 128 columns) beside them; two consumer warpgroups run wgmma with both operands in
-// shared memory, 128 weight rows each (two m64 blocks, so B is read once for 256 rows), keeping one
-// segment's MMAs in flight behind the next. mbarriers hand the kWStages stages over (full: A stored and
-// B landed; empty: both consumers' MMAs on it done). The grid is persistent (one CTA an SM walks
-// (tile, slice) items): the producer copies the next item's scales and fills its first stages while the
-// consumers drain the last item's MMAs and write its outputs.
-// kWProd producer threads (one or two warpgroups), kWPer weight rows each, kWBc 16-byte B chunks each.
-[[maybe_unused]] constexpr int kWRows = 256, kWProd = 256, kWThreads = kWProd + 256, kWStages = 3, kWRaw = 3;
-[[maybe_unused]] constexpr int kWPer = kWRows / kWProd, kWBc = 1024 / kWProd;
+// ---- Prefill tiles (up to 128 rows): the shape of a Hopper GEMM ----
+// Two producer warpgroups (registers moved to the consumers with setmaxnreg) turn the MXFP4 weights of
+// 128 rows into e4m3 in shared memory (raw bytes in through cp.async kWRaw segments ahead, scales folded
+// as above, the k order of moe_fp8_pos; a thread has half a row) and copy B (up to 128 tokens x hi/lo:
+// two sub-tiles of 128 columns) beside them; two consumer warpgroups, one m64 block of weight rows
+// each, run wgmma with both operands in shared memory over both sub-tiles (the second only when the
+// tile has more than 64 rows), so an expert's weights are converted once for up to 128 of its tokens.
+// One segment's MMAs stay in flight behind the next. mbarriers hand the kWStages stages over (full: A
+// stored and B landed; empty: both consumers' MMAs on it done). The grid is persistent (one CTA an SM
+// walks (tile, slice) items): the producer copies the next item's scales and fills its first stages
+// while the consumers drain the last item's MMAs and write its outputs.
+[[maybe_unused]] constexpr int kWRows = 128, kWProd = 256, kWThreads = kWProd + 256, kWStages = 3, kWRaw = 3;
+[[maybe_unused]] constexpr int kWSub = kMoeTileRowsFp8Wide / 64;  // token sub-tiles of 64 (one n128 MMA each)
 [[maybe_unused]] constexpr int kWStepA = 64 * 32;        // one k32 step of an m64 block (2 KB)
-[[maybe_unused]] constexpr int kWSegA = kWRows * 128;    // e4m3 weights of a 128-value segment (32 KB)
-[[maybe_unused]] constexpr int kWStepB = 2 * kMoeTileRowsPrefill * 32;  // 128 columns x k32 (4 KB)
-[[maybe_unused]] constexpr int kWStage = kWSegA + 4 * kWStepB;         // 48 KB
-[[maybe_unused]] constexpr int kWRawSeg = kWRows * 64;   // MXFP4 of a segment (16 KB)
-// The CTA's scales, copied whole (256 rows x K / 32 bytes, contiguous in the checkpoint) from the 16-byte
+[[maybe_unused]] constexpr int kWSegA = kWRows * 128;    // e4m3 weights of a 128-value segment (16 KB)
+[[maybe_unused]] constexpr int kWStepB = 128 * 32;       // a sub-tile's 128 columns x k32 (4 KB)
+[[maybe_unused]] constexpr int kWStage = kWSegA + kWSub * 4 * kWStepB;  // 48 KB
+[[maybe_unused]] constexpr int kWRawSeg = kWRows * 64;   // MXFP4 of a segment (8 KB)
+// The CTA's scales, copied whole (128 rows x K / 32 bytes, contiguous in the checkpoint) from the 16-byte
 // boundary below them.
 __host__ __device__ inline size_t wide_scale_bytes(int K) { return (size_t(kWRows) * (K / 32) + 31) / 16 * 16; }
 __host__ __device__ inline size_t wide_smem_bytes(int K) {
@@ -344,92 +345,82 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
 
   // Items (tile, slice of kWRows weight rows), tile-major within a slice: CTAs running side by side
   // take neighbouring tiles, so an expert's tiles read its weights from L2 once.
-  if (tid < kWProd) {  // ---- producer: local weight rows pt + kWProd h ----
-    if constexpr (kWProd == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;");
-    const int pt = tid;
+  if (tid < kWProd) {  // ---- producer: groups 2 hh, 2 hh + 1 of each segment of local row lr ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 72;");
+    const int pt = tid, lr = pt >> 1, hh = pt & 1;
     int it = 0;  // segments produced, over all of this CTA's items
     for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
       const int tile = item % nt, R0 = (item / nt) * kWRows, nrows = min(kWRows, p.N - R0);
       const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-      const int rows = min(kMoeTileRowsPrefill, p.offsets[e + 1] - row0);
+      const int rows = min(kMoeTileRowsFp8Wide, p.offsets[e + 1] - row0);
       if (j > 0) asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // the last item's slab reads are done
       const uint8_t* sc0 = p.scales + (size_t(e) * p.N + R0) * G;
       const int mis = int(reinterpret_cast<uintptr_t>(sc0) & 15);
       for (int i = pt; i < (mis + nrows * G + 15) / 16; i += kWProd) cp_async16(slab + 16 * i, sc0 - mis + 16 * i);
       cp_async_commit();
       const uint8_t* srow = slab + mis;  // row lr's scales at srow + lr * G
-      const uint8_t* blk[kWPer];
-      uint32_t smax[kWPer];
-#pragma unroll
-      for (int h = 0; h < kWPer; ++h) blk[h] = p.blocks + (size_t(e) * p.N + min(R0 + pt + kWProd * h, p.N - 1)) * G * 16;
-      // B row bn (token bn / 2's hi or lo row; rows past the tile's are zeros), chunks bc0 .. bc0 + kWBc - 1.
-      const int bn = pt * kWBc / 8, bc0 = pt * kWBc % 8, tok = bn >> 1;
-      const bool bvalid = tok < rows;
+      const uint8_t* blk = p.blocks + (size_t(e) * p.N + min(R0 + lr, p.N - 1)) * G * 16;
+      // B row bn = pt: sub-tile bn / 128, column bn % 128 = token (bn % 128) / 2's hi or lo row; rows
+      // past the tile's are zeros, and a second sub-tile the tile does not reach is not copied.
+      const int bu = pt >> 7, bcol = pt & 127, tok = 64 * bu + (bcol >> 1);
+      const bool bvalid = tok < rows, bcopy = bu == 0 || rows > 64;
       const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
-      const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (bn & 1) * Kp;
-      const int bdst = kWSegA + (bn >> 3) * 256 + (bn & 7) * 16;
+      const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (bcol & 1) * Kp;
+      const int bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 256 + (bcol & 7) * 16;
       auto copy_raw = [&](int s) {
         if (s < S)
 #pragma unroll
-          for (int h = 0; h < kWPer; ++h)
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              cp_async16(raw + (s % kWRaw) * kWRawSeg + (pt + kWProd * h) * 64 + q * 16, blk[h] + (4 * s + q) * 16,
-                         4 * s + q < G);
+          for (int q = 0; q < 2; ++q) {
+            const int gi = 4 * s + 2 * hh + q;
+            cp_async16(raw + (s % kWRaw) * kWRawSeg + lr * 64 + (2 * hh + q) * 16, blk + gi * 16, gi < G);
+          }
         cp_async_commit();  // one group a segment, empty past S, so the waits below count segments
       };
 #pragma unroll
       for (int s = 0; s < kWRaw - 1; ++s) copy_raw(s);
       cp_async_wait<kWRaw - 1>();  // the slab (the oldest group)
       asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // every scale has landed
-      if (j >= 2) mbar_wait(&epi[j & 1], ((j >> 1) - 1) & 1);  // item j - 2's epilogue read smax_s[j & 1]
-#pragma unroll
-      for (int h = 0; h < kWPer; ++h) {  // rows past N keep 0: their outputs are dropped
-        const int lr = pt + kWProd * h;
-        uint32_t m = 0;
-        if (lr < nrows)
+      uint32_t smax = 0;  // rows past N keep 0: their outputs are dropped
+      if (lr < nrows)
 #pragma unroll 8
-          for (int gi = 0; gi < G; ++gi) m = max(m, uint32_t(srow[lr * G + gi]));
-        smax[h] = m;
-        smax_s[j & 1][lr] = uint8_t(m);
-      }
+        for (int gi = hh; gi < G; gi += 2) smax = max(smax, uint32_t(srow[lr * G + gi]));
+      smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
+      if (j >= 2) mbar_wait(&epi[j & 1], ((j >> 1) - 1) & 1);  // item j - 2's epilogue read smax_s[j & 1]
+      if (hh == 0) smax_s[j & 1][lr] = uint8_t(smax);
+      // Weight row r of an m64 block is the MMA's row 16 (r / 16) + (r % 16) / 2 + 8 (r % 2): a consumer
+      // thread's two rows are then a gate / linear pair, as in moe_fp8_k. A thread writes 8 of the 16
+      // bytes of each core-matrix row (its two groups).
+      const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1);
+      const int adst = mb * 4 * kWStepA + (m >> 3) * 256 + (m & 7) * 16 + 8 * hh;
       for (int s = 0; s < S; ++s, ++it) {
         const int slot = it % kWStages;
         uint8_t* st = sm + slot * kWStage;
         if (it >= kWStages) mbar_wait(&empty[slot], (it / kWStages - 1) & 1);
+        if (bcopy)
 #pragma unroll
-        for (int c = bc0; c < bc0 + kWBc; ++c)
-          cp_async16(st + bdst + (c >> 1) * kWStepB + (c & 1) * 128, bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
+          for (int c = 0; c < 8; ++c)
+            cp_async16(st + bdst + (c >> 1) * kWStepB + (c & 1) * 128, bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
         mbar_arrive_copies(&full[slot]);
         copy_raw(s + kWRaw - 1);
         cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
+        const uint8_t* rs = raw + (s % kWRaw) * kWRawSeg + lr * 64 + 32 * hh;
+        const uint8_t* sr = srow + lr * G + 4 * s + 2 * hh;  // past G: another row's or stale bytes, on zero weights
+        uint32_t o[4][2][2];  // [k32 step][half][group]
 #pragma unroll
-        for (int h = 0; h < kWPer; ++h) {
-          const int lr = pt + kWProd * h;
-          const uint8_t* rs = raw + (s % kWRaw) * kWRawSeg + lr * 64;
-          const uint8_t* sr = srow + lr * G + 4 * s;  // past G: another row's or stale bytes, on zero weights
-          uint32_t o[4][2][4];  // [k32 step][half][group]
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint4 x = *reinterpret_cast<const uint4*>(rs + q * 16);
-            uint32_t lo, hi;
-            scale_luts(sr[q], smax[h], lo, hi);
-            e2m1x8_scaled(x.x, lo, hi, o[0][0][q], o[0][1][q]);
-            e2m1x8_scaled(x.y, lo, hi, o[1][0][q], o[1][1][q]);
-            e2m1x8_scaled(x.z, lo, hi, o[2][0][q], o[2][1][q]);
-            e2m1x8_scaled(x.w, lo, hi, o[3][0][q], o[3][1][q]);
-          }
-          // Weight row r of an m64 block is the MMA's row 16 (r / 16) + (r % 16) / 2 + 8 (r % 2): a
-          // consumer thread's two rows are then a gate / linear pair, as in moe_fp8_k.
-          const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1);
-          uint8_t* a = st + mb * 4 * kWStepA + (m >> 3) * 256 + (m & 7) * 16;
-#pragma unroll
-          for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-              *reinterpret_cast<uint4*>(a + ks * kWStepA + hf * 128) =
-                  make_uint4(o[ks][hf][0], o[ks][hf][1], o[ks][hf][2], o[ks][hf][3]);
+        for (int q = 0; q < 2; ++q) {
+          const uint4 x = *reinterpret_cast<const uint4*>(rs + q * 16);
+          uint32_t lo, hi;
+          scale_luts(sr[q], smax, lo, hi);
+          e2m1x8_scaled(x.x, lo, hi, o[0][0][q], o[0][1][q]);
+          e2m1x8_scaled(x.y, lo, hi, o[1][0][q], o[1][1][q]);
+          e2m1x8_scaled(x.z, lo, hi, o[2][0][q], o[2][1][q]);
+          e2m1x8_scaled(x.w, lo, hi, o[3][0][q], o[3][1][q]);
         }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<uint2*>(st + adst + ks * kWStepA + hf * 128) = make_uint2(o[ks][hf][0], o[ks][hf][1]);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, to the MMAs' proxy
         mbar_arrive(&full[slot]);
       }
@@ -447,42 +438,52 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
     return;
   }
 
-  // ---- consumers: warpgroup c has m64 blocks 2c and 2c + 1 ----
-  if constexpr (kWProd == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 184;");
+  // ---- consumers: warpgroup c has m64 block c, over one or two token sub-tiles ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 184;");
   const int c = (tid - kWProd) >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const uint32_t base = b_desc_lo(smem_addr(sm));
   int it = 0;  // segments consumed, as the producer counts them
   for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
-    float acc0[64], acc1[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc0[i] = acc1[i] = 0.f;
-    for (int s = 0; s < S; ++s, ++it) {
-      const int slot = it % kWStages;
-      mbar_wait(&full[slot], (it / kWStages) & 1);
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, to the MMAs' proxy
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-      const uint32_t st = base + slot * (kWStage >> 4);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const uint64_t db = b_desc(st + ((kWSegA + q * kWStepB) >> 4));
-        wgmma_ss_m64n128k32(acc0, b_desc(st + (((2 * c) * 4 * kWStepA + q * kWStepA) >> 4)), db);
-        wgmma_ss_m64n128k32(acc1, b_desc(st + (((2 * c + 1) * 4 * kWStepA + q * kWStepA) >> 4)), db);
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-      if (s > 0) mbar_arrive(&empty[(it - 1) % kWStages]);
-    }
-    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-    mbar_arrive(&empty[(it - 1) % kWStages]);  // the producer fills it for the next item meanwhile
     const int tile = item % nt, R0 = (item / nt) * kWRows;
     const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-    const int rows = min(kMoeTileRowsPrefill, p.offsets[e + 1] - row0);
+    const int rows = min(kMoeTileRowsFp8Wide, p.offsets[e + 1] - row0);
+    // Each sub-tile count has its own copy of the item (accumulators included): wgmma keeps its
+    // accumulators only where no other instruction touches them inside the pipeline.
+    auto run = [&](auto two) {
+      constexpr bool kTwo = decltype(two)::value;
+      float acc0[64], acc1[kTwo ? 64 : 1];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int lr = (2 * c + h) * 64 + 16 * warp + 2 * g, rA = R0 + lr;
-      if (rA < p.N)
-        epilogue<kFc1>(p, h ? acc1 : acc0, e, row0, rows, rA, smax_s[j & 1][lr], smax_s[j & 1][lr + 1], t);
-    }
+      for (int i = 0; i < 64; ++i) acc0[i] = 0.f;
+      if constexpr (kTwo)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc1[i] = 0.f;
+      for (int s = 0; s < S; ++s, ++it) {
+        const int slot = it % kWStages;
+        mbar_wait(&full[slot], (it / kWStages) & 1);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, to the MMAs' proxy
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+        const uint32_t st = base + slot * (kWStage >> 4);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint64_t da = b_desc(st + ((c * 4 * kWStepA + q * kWStepA) >> 4));
+          wgmma_ss_m64n128k32(acc0, da, b_desc(st + ((kWSegA + q * kWStepB) >> 4)));
+          if constexpr (kTwo) wgmma_ss_m64n128k32(acc1, da, b_desc(st + ((kWSegA + (4 + q) * kWStepB) >> 4)));
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+        if (s > 0) mbar_arrive(&empty[(it - 1) % kWStages]);
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      mbar_arrive(&empty[(it - 1) % kWStages]);  // the producer fills it for the next item meanwhile
+      const int lr = c * 64 + 16 * warp + 2 * g, rA = R0 + lr;
+      if (rA < p.N) {
+        const uint32_t sa = smax_s[j & 1][lr], sb = smax_s[j & 1][lr + 1];
+        epilogue<kFc1>(p, acc0, e, row0, min(rows, 64), rA, sa, sb, t);
+        if constexpr (kTwo) epilogue<kFc1>(p, acc1, e, row0 + 64, rows - 64, rA, sa, sb, t);
+      }
+    };
+    if (rows > 64) run(std::true_type{});
+    else run(std::false_type{});
     mbar_arrive(&epi[j & 1]);
   }
 #endif
@@ -543,13 +544,13 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.tile_rows == kMoeTileRowsSparse) {
     const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
     moe_fp8_k<kFc1><<<dim3(p.max_tiles, (p.N + kRows - 1) / kRows), kThreads, smem, s>>>(p);
-  } else if (p.tile_rows == kMoeTileRowsPrefill) {
+  } else if (p.tile_rows == kMoeTileRowsFp8Wide) {
     const size_t smem = wide_smem_bytes(p.K);
     if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
     const int items = p.max_tiles * ((p.N + kWRows - 1) / kWRows);  // at most: the tile count is on the device
     moe_fp8_wide_k<kFc1><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : sm_count()), kWThreads, smem, s>>>(p);
   } else {
-    throw_error("moe fp8: tiles of 16 or 64 rows");
+    throw_error("moe fp8: tiles of 16 or 128 rows");
   }
   MX_CUDA(cudaGetLastError());
 }

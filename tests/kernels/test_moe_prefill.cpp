@@ -37,11 +37,11 @@ std::vector<T> to_host(const T* d, size_t n) {
   return h;
 }
 
-// tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64.
-// fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16- or 64-row tiles.
+// tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64 (bf16) or 128 (fp8).
+// fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16- or 128-row tiles.
 // wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
 // row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
-// ctas: the FP8 64-row kernel's persistent grid, fewer CTAs than SMs so each walks many items.
+// ctas: the FP8 128-row kernel's persistent grid, fewer CTAs than SMs so each walks many items.
 struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; bool wide_scales = false; int ctas = 0; };
 
 class MoePrefill : public ::testing::TestWithParam<Case> {};
@@ -183,16 +183,16 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{37, 8, 384, 1440, false, 16, true},  // 45 groups (odd): TP=2's FC2
                                            Case{9, 16, 256, 96, false, 16, true},  // 3 groups, a partial CTA
                                            Case{9, 8, 2880, 2880, false, 16, true, true},
-                                           // prefill tiles (64 rows: B through the ring of segments)
-                                           Case{333, 128, 128, 128, true, 64, true},
-                                           Case{65, 32, 256, 320, false, 64, true},
-                                           Case{123, 16, 256, 192, false, 64, true},
-                                           Case{37, 8, 384, 2880, false, 64, true},
-                                           Case{300, 4, 256, 1440, false, 64, true},
+                                           // prefill tiles (128 rows: two sub-tiles of 64)
+                                           Case{333, 128, 128, 128, true, 128, true},
+                                           Case{65, 32, 256, 320, false, 128, true},
+                                           Case{123, 16, 256, 192, false, 128, true},
+                                           Case{37, 8, 384, 2880, false, 128, true},
+                                           Case{300, 4, 256, 1440, false, 128, true},
                                            // a few persistent CTAs, many items each (S = 1 in FC2 of the last)
-                                           Case{300, 4, 256, 1440, false, 64, true, false, 3},
-                                           Case{37, 8, 384, 2880, false, 64, true, false, 5},
-                                           Case{200, 16, 256, 96, false, 64, true, false, 2}));
+                                           Case{300, 4, 256, 1440, false, 128, true, false, 3},
+                                           Case{37, 8, 384, 2880, false, 128, true, false, 5},
+                                           Case{200, 16, 256, 96, false, 128, true, false, 2}));
 
 }  // namespace
 }  // namespace mx::cuda
