@@ -290,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 // boundary below them.
 __host__ __device__ inline size_t wide_scale_bytes(int K) { return (size_t(kWRows) * (K / 32) + 31) / 16 * 16; }
 __host__ __device__ inline size_t wide_smem_bytes(int K) {
-  return size_t(kWStages) * kWStage + size_t(kWRaw) * kWRawSeg + wide_scale_bytes(K);
+  return 1024 + size_t(kWStages) * kWStage + size_t(kWRaw) * kWRawSeg + wide_scale_bytes(K);
 }
 
 [[maybe_unused]] __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -314,6 +314,11 @@ __host__ __device__ inline size_t wide_smem_bytes(int K) {
 }
 
 #ifdef MX_WGMMA
+// K-major, 128-byte swizzle: a row's 128 bytes (a segment) in 8-row atoms of 1 KB (the stride byte
+// offset), 16-byte chunk c of row r at chunk c ^ (r % 8); a k32 step starts 32 bytes further.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
 __device__ __forceinline__ void wgmma_ss_m64n128k32(float (&d)[64], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -326,7 +331,8 @@ __device__ __forceinline__ void wgmma_ss_m64n128k32(float (&d)[64], uint64_t da,
 template <bool kFc1>
 __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
-  extern __shared__ __align__(128) uint8_t sm[];
+  extern __shared__ __align__(128) uint8_t sm_raw[];
+  uint8_t* sm = sm_raw + ((1024 - (smem_addr(sm_raw) & 1023)) & 1023);  // the swizzle's atoms: 1 KB aligned
   // full / empty: the stages; epi: a consumer's epilogue of the item before last is done (smax_s free).
   __shared__ __align__(8) uint64_t full[kWStages], empty[kWStages], epi[2];
   __shared__ uint8_t smax_s[2][kWRows];  // per item parity: the rows' largest scales, for the epilogue
@@ -366,7 +372,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       const bool bvalid = tok < rows, bcopy = bu == 0 || rows > 64;
       const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
       const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (bcol & 1) * Kp;
-      const int bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 256 + (bcol & 7) * 16;
+      const int bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 1024 + (bcol & 7) * 128, bsw = bcol & 7;
       auto copy_raw = [&](int s) {
         if (s < S)
 #pragma unroll
@@ -389,9 +395,9 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       if (hh == 0) smax_s[j & 1][lr] = uint8_t(smax);
       // Weight row r of an m64 block is the MMA's row 16 (r / 16) + (r % 16) / 2 + 8 (r % 2): a consumer
       // thread's two rows are then a gate / linear pair, as in moe_fp8_k. A thread writes 8 of the 16
-      // bytes of each core-matrix row (its two groups).
-      const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1);
-      const int adst = mb * 4 * kWStepA + (m >> 3) * 256 + (m & 7) * 16 + 8 * hh;
+      // bytes of each chunk (its two groups).
+      const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1), asw = m & 7;
+      const int adst = mb * 4 * kWStepA + (m >> 3) * 1024 + (m & 7) * 128 + 8 * hh;
       for (int s = 0; s < S; ++s, ++it) {
         const int slot = it % kWStages;
         uint8_t* st = sm + slot * kWStage;
@@ -399,7 +405,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
         if (bcopy)
 #pragma unroll
           for (int c = 0; c < 8; ++c)
-            cp_async16(st + bdst + (c >> 1) * kWStepB + (c & 1) * 128, bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
+            cp_async16(st + bdst + ((c ^ bsw) << 4), bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
         mbar_arrive_copies(&full[slot]);
         copy_raw(s + kWRaw - 1);
         cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
@@ -420,7 +426,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
         for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
           for (int hf = 0; hf < 2; ++hf)
-            *reinterpret_cast<uint2*>(st + adst + ks * kWStepA + hf * 128) = make_uint2(o[ks][hf][0], o[ks][hf][1]);
+            *reinterpret_cast<uint2*>(st + adst + (((2 * ks + hf) ^ asw) << 4)) = make_uint2(o[ks][hf][0], o[ks][hf][1]);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, to the MMAs' proxy
         mbar_arrive(&full[slot]);
       }
@@ -441,7 +447,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
   // ---- consumers: warpgroup c has m64 block c, over one or two token sub-tiles ----
   asm volatile("setmaxnreg.inc.sync.aligned.u32 184;");
   const int c = (tid - kWProd) >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const uint32_t base = b_desc_lo(smem_addr(sm));
+  const uint32_t base = smem_addr(sm);
   int it = 0;  // segments consumed, as the producer counts them
   for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
     const int tile = item % nt, R0 = (item / nt) * kWRows;
@@ -462,12 +468,12 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
         mbar_wait(&full[slot], (it / kWStages) & 1);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, to the MMAs' proxy
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        const uint32_t st = base + slot * (kWStage >> 4);
+        const uint32_t st = base + slot * kWStage;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const uint64_t da = b_desc(st + ((c * 4 * kWStepA + q * kWStepA) >> 4));
-          wgmma_ss_m64n128k32(acc0, da, b_desc(st + ((kWSegA + q * kWStepB) >> 4)));
-          if constexpr (kTwo) wgmma_ss_m64n128k32(acc1, da, b_desc(st + ((kWSegA + (4 + q) * kWStepB) >> 4)));
+          const uint64_t da = sw128_desc(st + c * 4 * kWStepA + 32 * q);
+          wgmma_ss_m64n128k32(acc0, da, sw128_desc(st + kWSegA + 32 * q));
+          if constexpr (kTwo) wgmma_ss_m64n128k32(acc1, da, sw128_desc(st + kWSegA + 4 * kWStepB + 32 * q));
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
