@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Run HERE after `cmake --build --preset release`: packs the binaries a device call carries (`carry:
-# [".devrun", ".assets"]`) for the bench/device_*.sh scripts: .devrun/NAME/mxserve.gz (NAME: new, or the
-# first argument, e.g. base), .devrun/test_kernels.gz and .devrun/lib/ (the Debian libraries the GPU
-# machine lacks). Only tracked or ignored paths travel: .devrun/ is git-ignored through .git/info/exclude.
+# Run HERE after `cmake --build --preset release`: packs what a device call carries (`carry: [".devrun"]`)
+# for the bench/device_*.sh scripts, xz-compressed (bench/device_run_env.sh unpacks it there):
+# .devrun/NAME/mxserve.xz (NAME: new, or the first argument, e.g. base), .devrun/test_kernels.xz (with
+# new), .devrun/lib/ (the Debian libraries the GPU machine lacks) and .devrun/assets/ (the tokenizer, for
+# the tests and the server: 2.9 MB instead of 27). A binary is ~4.5 MB: about ten fit the 64 MiB a call
+# carries. Only tracked or ignored paths travel: .devrun/ is git-ignored through .git/info/exclude.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-new}
 mkdir -p .devrun/"$name" .devrun/lib
-gzip -c build/cli/mxserve > .devrun/"$name"/mxserve.gz
-if [ "$name" = new ]; then gzip -c build/tests/test_kernels > .devrun/test_kernels.gz; fi
+xz -6 -T2 -c build/cli/mxserve > .devrun/"$name"/mxserve.xz
+if [ "$name" = new ]; then xz -6 -T2 -c build/tests/test_kernels > .devrun/test_kernels.xz; fi
 for l in $(ldd build/cli/mxserve | awk '/=> \/lib/ {print $3}' | grep -E 'pcre2|httplib|brotli'); do cp -L "$l" .devrun/lib/; done
+if [ -e .assets/tokenizer/tokenizer.json ] && [ ! -e .devrun/assets/tokenizer.json.xz ]; then
+  mkdir -p .devrun/assets
+  xz -6 -T2 -c .assets/tokenizer/tokenizer.json > .devrun/assets/tokenizer.json.xz
+  cp .assets/tokenizer/tokenizer_config.json .devrun/assets/
+fi
 grep -qx '.devrun/' .git/info/exclude 2>/dev/null || echo '.devrun/' >> .git/info/exclude
 du -sh .devrun
