@@ -114,8 +114,7 @@ __global__ void quant_k(const uint16_t* x, int K, uint8_t* xq, float* xinv) {
   const int Kp = moe_fp8_kpad(K);
   uint8_t* hi = xq + size_t(row) * 2 * Kp;
   for (int p4 = tid; p4 < Kp / 4; p4 += blockDim.x) {  // positions 4p4..4p4+3 hold 4 consecutive values
-    const int pos = 4 * p4, ks = pos >> 5, kk = pos & 31;
-    const int v = (4 * (ks >> 2) + ((kk & 15) >> 2)) * 32 + 8 * (ks & 3) + 4 * (kk >> 4);
+    const int pos = 4 * p4, v = moe_fp8_value(pos);
     uint32_t h = 0, l = 0;
     if (v < K) {
       const uint2 raw = *reinterpret_cast<const uint2*>(xr + v);

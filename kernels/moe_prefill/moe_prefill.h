@@ -98,6 +98,11 @@ __host__ __device__ inline int moe_fp8_kpad(int K) { return (K + 127) / 128 * 12
 __host__ __device__ inline int moe_fp8_pos(int v) {
   return (4 * (v >> 7) + ((v >> 3) & 3)) * 32 + 16 * ((v >> 2) & 1) + 4 * ((v >> 5) & 3) + (v & 3);
 }
+// The value at position pos (moe_fp8_pos's inverse).
+__host__ __device__ inline int moe_fp8_value(int pos) {
+  const int ks = pos >> 5, kk = pos & 31;
+  return 128 * (ks >> 2) + 32 * ((kk >> 2) & 3) + 8 * (ks & 3) + 4 * (kk >> 4) + (kk & 3);
+}
 inline size_t moe_fp8_row_bytes(int K) { return 2 * size_t(moe_fp8_kpad(K)); }
 bool moe_fp8_available();  // the current device runs the sm_90a kernels
 // xq [T, moe_fp8_row_bytes(K)] and xinv [T] from bf16 x [T, K] (one power-of-two scale a row).

@@ -44,6 +44,12 @@ std::vector<T> to_host(const T* d, size_t n) {
 // ctas: the FP8 128-row kernel's persistent grid, fewer CTAs than SMs so each walks many items.
 struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; bool wide_scales = false; int ctas = 0; };
 
+// The FP8 operands' k order: moe_fp8_value inverts moe_fp8_pos (exact, both ways, over 512 segments).
+TEST(MoeFp8Order, ValueInvertsPos) {
+  for (int v = 0; v < 128 * 512; ++v) ASSERT_EQ(moe_fp8_value(moe_fp8_pos(v)), v);
+  for (int p = 0; p < 128 * 512; ++p) ASSERT_EQ(moe_fp8_pos(moe_fp8_value(p)), p);
+}
+
 class MoePrefill : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MoePrefill, MatchesReference) {
