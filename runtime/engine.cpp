@@ -24,12 +24,54 @@ void Channel::push(TokenEvent ev) {
   cv_.notify_one();
 }
 
+void Channel::push_quiet(TokenEvent ev) {
+  std::lock_guard lk(mu_);
+  q_.push_back(std::move(ev));
+}
+
+void Channel::wake() { cv_.notify_one(); }
+
 std::vector<TokenEvent> Channel::pop(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   cv_.wait_for(lk, timeout, [&] { return !q_.empty(); });
   std::vector<TokenEvent> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
   q_.clear();
   return out;
+}
+
+Waker::Waker() : thread_([this] { loop(); }) {}
+
+Waker::~Waker() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
+}
+
+void Waker::post(std::vector<std::shared_ptr<Channel>>& chs) {
+  if (chs.empty()) return;
+  {
+    std::lock_guard lk(mu_);
+    if (pending_.empty()) pending_.swap(chs);
+    else pending_.insert(pending_.end(), chs.begin(), chs.end());  // still waking the step before
+  }
+  chs.clear();
+  cv_.notify_one();
+}
+
+void Waker::loop() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
+    if (pending_.empty()) break;  // stopping, nothing left to wake
+    work_.swap(pending_);
+    lk.unlock();
+    for (auto& c : work_) c->wake();
+    work_.clear();
+    lk.lock();
+  }
 }
 
 struct Engine::Seq {
@@ -374,7 +416,8 @@ bool Engine::step() {
       ev.finish = FinishReason::kLength;
     }
     FinishReason f = ev.finish;
-    s->ch->push(std::move(ev));
+    s->ch->push_quiet(std::move(ev));
+    to_wake_.push_back(s->ch);
     if (f != FinishReason::kNone) {
       s->done = true;
       free_blocks(*s);
@@ -382,6 +425,7 @@ bool Engine::step() {
       --active_;
     }
   }
+  waker_.post(to_wake_);
   std::erase_if(running_, [](auto& s) { return s->done; });
   {
     std::lock_guard lk(mu_);

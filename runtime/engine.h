@@ -55,6 +55,9 @@ struct TokenEvent {
 class Channel {
  public:
   void push(TokenEvent ev);
+  // push without waking the reader: the engine wakes a step's readers through a Waker.
+  void push_quiet(TokenEvent ev);
+  void wake();
   // Waits up to `timeout` for events; returns all pending ones (empty on timeout).
   std::vector<TokenEvent> pop(std::chrono::milliseconds timeout);
 
@@ -62,6 +65,26 @@ class Channel {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<TokenEvent> q_;
+};
+
+// Wakes the readers of a step's channels on its own thread, while the next step runs: a futex wake a
+// reader costs the engine thread ~3 us, ~1.5 ms a step at 512 streams (docs/perf.md, session 29).
+class Waker {
+ public:
+  Waker();
+  ~Waker();  // wakes what is pending, then joins
+  Waker(const Waker&) = delete;
+  Waker& operator=(const Waker&) = delete;
+  // Takes the channels (`chs` is left empty, its capacity reused).
+  void post(std::vector<std::shared_ptr<Channel>>& chs);
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Channel>> pending_, work_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 struct GenRequest {
@@ -155,6 +178,8 @@ class Engine {
   std::vector<std::pair<Seq*, int>> sched_;
   std::vector<SeqStep> steps_;
   std::vector<SampleResult> out_;
+  std::vector<std::shared_ptr<Channel>> to_wake_;  // the step's channels with new events
+  Waker waker_;
   std::thread thread_;
 };
 

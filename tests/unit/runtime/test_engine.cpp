@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <thread>
 
 #include "core/error.h"
 #include "runtime/block_pool.h"
@@ -34,6 +35,29 @@ TEST(BlockPool, RefCountAndFreeList) {
   p.release(c);
   EXPECT_EQ(p.num_free(), 3);
   EXPECT_THROW(p.release(a), Error);
+}
+
+// A step's events go out quietly and their readers are woken by the Waker's thread: a reader waiting on
+// its channel gets the event long before its own timeout, and the waker's destructor wakes what is left.
+TEST(Channel, QuietPushReachesAWaitingReaderThroughTheWaker) {
+  auto ch = std::make_shared<Channel>();
+  std::vector<TokenEvent> got;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread reader([&] { got = ch->pop(std::chrono::seconds(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the reader is (most likely) waiting now
+  TokenEvent ev;
+  ev.token = 7;
+  ch->push_quiet(ev);
+  {
+    Waker w;
+    std::vector<std::shared_ptr<Channel>> chs{ch};
+    w.post(chs);
+    EXPECT_TRUE(chs.empty());
+  }
+  reader.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].token, 7);
 }
 
 TEST(Engine, GeneratesMaxTokensAndFreesBlocks) {
