@@ -537,12 +537,14 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
   if (!moe_fp8_available()) throw_error("moe fp8: needs an sm_90 GPU (wgmma)");
   if (p.K % 32 || p.N % 2 || p.K <= 0 || p.N <= 0) throw_error("moe fp8: K must be a multiple of 32 and N even");
+  static std::atomic<int> optin[64];  // the device's shared memory a block may opt into
+  const int most = per_device(optin, [](int dev) {
+    int v = 0;
+    MX_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return v;
+  });
   static std::atomic<unsigned long long> ready{0};
-  static int most = 0;
-  once_per_device(ready, [] {
-    int dev = 0;
-    MX_CUDA(cudaGetDevice(&dev));
-    MX_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  once_per_device(ready, [most] {
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
   });
