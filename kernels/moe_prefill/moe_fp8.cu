@@ -277,7 +277,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 // One segment's MMAs stay in flight behind the next. mbarriers hand the kWStages stages over (full: A
 // stored and B landed; empty: both consumers' MMAs on it done). The grid is persistent (one CTA an SM
 // walks (tile, slice) items): the producer copies the next item's scales and fills its first stages
-// while the consumers drain the last item's MMAs and write its outputs.
+// while the consumers drain the last item's MMAs and write its outputs. Every global read is whole
+// sectors (B: 8 lanes a row's 128 bytes; weights: 2 lanes a 32-byte pair of groups): 16-byte pieces
+// of sectors had L2 at its limit (docs/perf.md, session 30).
 [[maybe_unused]] constexpr int kWRows = 128, kWProd = 256, kWThreads = kWProd + 256, kWStages = 3, kWRaw = 3;
 [[maybe_unused]] constexpr int kWSub = kMoeTileRowsFp8Wide / 64;  // token sub-tiles of 64 (one n128 MMA each)
 [[maybe_unused]] constexpr int kWStepA = 64 * 32;        // one k32 step of an m64 block (2 KB)
@@ -289,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 // boundary below them.
 __host__ __device__ inline size_t wide_scale_bytes(int K) { return (size_t(kWRows) * (K / 32) + 31) / 16 * 16; }
 __host__ __device__ inline size_t wide_smem_bytes(int K) {
-  return 1024 + size_t(kWStages) * kWStage + size_t(kWRaw) * kWRawSeg + wide_scale_bytes(K);
+  return 1024 + size_t(kWStages) * kWStage + size_t(kWRaw) * kWRawSeg + 4 * kWProd + wide_scale_bytes(K);
 }
 
 [[maybe_unused]] __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -337,10 +339,12 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
   __shared__ uint8_t smax_s[2][kWRows];  // per item parity: the rows' largest scales, for the epilogue
   const int nt = *p.num_tiles, slices = (p.N + kWRows - 1) / kWRows, items = nt * slices;
   if (int(blockIdx.x) >= items) return;
-  const int G = p.K / 32, S = (G + 3) / 4, Kp = 128 * S;
+  const int G = p.K / 32, S = (G + 3) / 4;  // xq rows: hi, lo of 128 S bytes each
   const int tid = threadIdx.x;
   uint8_t* raw = sm + kWStages * kWStage;
-  uint8_t* slab = raw + kWRaw * kWRawSeg;
+  // The item's B rows: where a column's bytes start in xq, in 128-byte units (-1: zeros).
+  int* brow_s = reinterpret_cast<int*>(raw + kWRaw * kWRawSeg);
+  uint8_t* slab = raw + kWRaw * kWRawSeg + 4 * kWProd;
   if (tid < kWStages) {
     mbar_init(&full[tid], 2 * kWProd);  // each producer thread: its copies, then its stores
     mbar_init(&empty[tid], 256);  // the consumers' 256 threads
@@ -370,14 +374,18 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       const int bu = pt >> 7, bcol = pt & 127, tok = 64 * bu + (bcol >> 1);
       const bool bvalid = tok < rows, bcopy = bu == 0 || rows > 64;
       const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
-      const uint8_t* bsrc = p.xq + size_t(src_row) * 2 * Kp + (bcol & 1) * Kp;
-      const int bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 1024 + (bcol & 7) * 128, bsw = bcol & 7;
+      brow_s[pt] = bvalid ? (2 * src_row + (bcol & 1)) * S : -1;  // read by its group's 8 lanes, after the barrier
+      // A group of 8 lanes copies its 8 B rows one at a time, lane ch the row's 16-byte chunk ch: each
+      // row's 128 bytes in one request (a row a thread read 16-byte halves of 32-byte sectors).
+      const int bg = pt & ~7, bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 1024;
+      const uint8_t* bbase = p.xq + (pt & 7) * 16;
+      // Lanes pt, pt ^ 1 copy a row's chunks 2q, 2q + 1 (one sector), then convert chunks 2hh, 2hh + 1.
       auto copy_raw = [&](int s) {
         if (s < S)
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const int gi = 4 * s + 2 * hh + q;
-            cp_async16(raw + (s % kWRaw) * kWRawSeg + lr * 64 + (2 * hh + q) * 16, blk + gi * 16, gi < G);
+            const int gi = 4 * s + 2 * q + hh;
+            cp_async16(raw + (s % kWRaw) * kWRawSeg + lr * 64 + (2 * q + hh) * 16, blk + gi * 16, gi < G);
           }
         cp_async_commit();  // one group a segment, empty past S, so the waits below count segments
       };
@@ -401,19 +409,25 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
         const int slot = it % kWStages;
         uint8_t* st = sm + slot * kWStage;
         if (it >= kWStages) mbar_wait(&empty[slot], (it / kWStages - 1) & 1);
-        if (bcopy)
+        if (bcopy) {
+          const int4 r0 = *reinterpret_cast<const int4*>(brow_s + bg), r1 = *reinterpret_cast<const int4*>(brow_s + bg + 4);
+          const int br[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};  // rows c = column bcol & ~7 | c
 #pragma unroll
           for (int c = 0; c < 8; ++c)
-            cp_async16(st + bdst + ((c ^ bsw) << 4), bvalid ? bsrc + s * 128 + c * 16 : p.xq, bvalid);
+            cp_async16(st + bdst + c * 128 + (((pt & 7) ^ c) << 4), br[c] >= 0 ? bbase + (size_t(br[c] + s) << 7) : p.xq, br[c] >= 0);
+        }
         mbar_arrive_copies(&full[slot]);
         copy_raw(s + kWRaw - 1);
         cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
+        __syncwarp();  // and its partner's (half of the chunks read below)
         const uint8_t* rs = raw + (s % kWRaw) * kWRawSeg + lr * 64 + 32 * hh;
         const uint8_t* sr = srow + lr * G + 4 * s + 2 * hh;  // past G: another row's or stale bytes, on zero weights
+        const uint4 xs[2] = {*reinterpret_cast<const uint4*>(rs), *reinterpret_cast<const uint4*>(rs + 16)};
+        __syncwarp();  // both lanes have read the slot before either copies into it again
         uint32_t o[4][2][2];  // [k32 step][half][group]
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
-          const uint4 x = *reinterpret_cast<const uint4*>(rs + q * 16);
+          const uint4 x = xs[q];
           uint32_t lo, hi;
           scale_luts(sr[q], smax, lo, hi);
           e2m1x8_scaled(x.x, lo, hi, o[0][0][q], o[0][1][q]);
