@@ -51,4 +51,8 @@ int per_device(std::atomic<int> (&cache)[64], Read read) {
   }
   return v;
 }
+
+// The current device's multiprocessors and the shared memory a block may opt into (read once a device).
+int device_sm_count();
+int device_smem_optin();
 }  // namespace mx::cuda

@@ -238,9 +238,8 @@ void launch(const DecodeStepParams& p, cudaStream_t s) {
   // Resident CTAs per SM for this shape (not cached: runners of different shapes may share a process;
   // in graph mode this runs once, at capture).
   const size_t smem = smem_bytes(p);
-  int dev = 0, sms = 0, per_sm = 0;
-  MX_CUDA(cudaGetDevice(&dev));
-  MX_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = device_sm_count();
+  int per_sm = 0;
   MX_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_step_k<D, kFp8, WF>, 128, smem));
   if (per_sm < 1) throw_error("decode_step: the kernel does not fit on an SM");
   cudaLaunchConfig_t cfg = {};

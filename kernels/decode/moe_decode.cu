@@ -170,13 +170,7 @@ bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M); }
 
 // The one-token FC1's K split: 2 where one warp a tile leaves the grid under two CTAs an SM.
 int fc1_m1_ksplit(const MoeDecodeParams& p) {
-  static std::atomic<int> sms[64];
-  const int n = per_device(sms, [](int dev) {
-    int v = 0;
-    MX_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  });
-  return fc1_ctas(p.I, 1) * moe_slots(1, p.E) < 2 * n ? 2 : 1;
+  return fc1_ctas(p.I, 1) * moe_slots(1, p.E) < 2 * device_sm_count() ? 2 : 1;
 }
 
 void check(const MoeDecodeParams& p) {

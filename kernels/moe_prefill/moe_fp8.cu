@@ -536,27 +536,12 @@ bool fp8_runs_here() {
          }) == 2;
 }
 
-// The current device's SMs: the persistent grid of moe_fp8_wide_k (one CTA an SM).
-int sm_count() {
-  static std::atomic<int> cache[64];
-  return per_device(cache, [](int dev) {
-    int n = 0;
-    MX_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
-  });
-}
-
 template <bool kFc1>
 void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
   if (!moe_fp8_available()) throw_error("moe fp8: needs an sm_90 GPU (wgmma)");
   if (p.K % 32 || p.N % 2 || p.K <= 0 || p.N <= 0) throw_error("moe fp8: K must be a multiple of 32 and N even");
-  static std::atomic<int> optin[64];  // the device's shared memory a block may opt into
-  const int most = per_device(optin, [](int dev) {
-    int v = 0;
-    MX_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return v;
-  });
+  const int most = device_smem_optin();
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [most] {
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
@@ -569,7 +554,7 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
     const size_t smem = wide_smem_bytes(p.K);
     if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
     const int items = p.max_tiles * ((p.N + kWRows - 1) / kWRows);  // at most: the tile count is on the device
-    moe_fp8_wide_k<kFc1><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : sm_count()), kWThreads, smem, s>>>(p);
+    moe_fp8_wide_k<kFc1><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : device_sm_count()), kWThreads, smem, s>>>(p);
   } else {
     throw_error("moe fp8: tiles of 16 or 128 rows");
   }

@@ -279,10 +279,7 @@ static void launch_moe_mma(const MoeGemmPrefillParams& p, cudaStream_t s) {
   // The opt-in belongs to the device: once per device, up to the device's limit (any K).
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [] {
-    int dev = 0, most = 0;
-    MX_CUDA(cudaGetDevice(&dev));
-    MX_CUDA(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    MX_CUDA(cudaFuncSetAttribute(moe_mma_k<kFc1, Sh>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    MX_CUDA(cudaFuncSetAttribute(moe_mma_k<kFc1, Sh>, cudaFuncAttributeMaxDynamicSharedMemorySize, device_smem_optin()));
   });
   moe_mma_k<kFc1, Sh><<<dim3(p.max_tiles, (p.N + kRowsW - 1) / kRowsW), kThreads, smem, s>>>(p);
   MX_CUDA(cudaGetLastError());
