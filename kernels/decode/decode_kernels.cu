@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cuda_bf16.h>
 
+#include "kernels/common/cuda_check.h"
 #include "kernels/common/device_math.cuh"
 #include "kernels/common/kv_fp8.cuh"
 #include "kernels/common/pdl.cuh"
@@ -125,11 +126,14 @@ __global__ void topk_k(const float* lg, int32_t* idx, float* w, int M, int E, in
 // -log(u). stream_uniform: kernels/common/stream_random.cuh.
 // Greedy pick / Gumbel sample + log-softmax, split over argmax_chunks() CTAs per row (one CTA per row
 // would leave a whole vocabulary's logit row to a single SM). Each chunk
-// leaves (best score, its id, max logit, sum of exp(logit - max)); argmax_merge_k combines them.
-struct ArgmaxPart { float best; int id; float mx; float z; };
+// leaves (best score, its id, max logit, sum of exp(logit - max), the logit at its id); argmax_merge_k
+// combines them.
+struct ArgmaxPart { float best; int id; float mx; float z; float x; };
+static_assert(sizeof(ArgmaxPart) == kArgmaxPartFloats * 4);
+constexpr ArgmaxPart kNoPart{-FLT_MAX, 0x7fffffff, -INFINITY, 0.f, 0.f};
 
 __device__ __forceinline__ void merge_part(ArgmaxPart& a, const ArgmaxPart& b) {
-  if (b.best > a.best || (b.best == a.best && b.id < a.id)) { a.best = b.best; a.id = b.id; }
+  if (b.best > a.best || (b.best == a.best && b.id < a.id)) { a.best = b.best; a.id = b.id; a.x = b.x; }
   const float m = fmaxf(a.mx, b.mx);
   if (m != -INFINITY) a.z = (a.mx == -INFINITY ? 0.f : a.z * expf(a.mx - m)) + (b.mx == -INFINITY ? 0.f : b.z * expf(b.mx - m));
   a.mx = m;
@@ -137,11 +141,14 @@ __device__ __forceinline__ void merge_part(ArgmaxPart& a, const ArgmaxPart& b) {
 
 __device__ __forceinline__ ArgmaxPart shfl_part(const ArgmaxPart& p, int o) {
   return {__shfl_xor_sync(0xffffffffu, p.best, o), __shfl_xor_sync(0xffffffffu, p.id, o),
-          __shfl_xor_sync(0xffffffffu, p.mx, o), __shfl_xor_sync(0xffffffffu, p.z, o)};
+          __shfl_xor_sync(0xffffffffu, p.mx, o), __shfl_xor_sync(0xffffffffu, p.z, o),
+          __shfl_xor_sync(0xffffffffu, p.x, o)};
 }
 
-__global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride, int V, int chunk, const float* inv_temp,
-                                                     const uint64_t* keys, ArgmaxPart* parts, int row0) {
+// Ids [id0, id0 + V) of a row at lg + row * stride + (id - id0).
+__global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride, int V, int chunk, int id0,
+                                                     const float* inv_temp, const uint64_t* keys, ArgmaxPart* parts,
+                                                     int row0) {
   const int s = row0 + blockIdx.y, c = blockIdx.x;
   pdl_wait();
   pdl_launch_dependents();
@@ -149,13 +156,13 @@ __global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride
   const float it = inv_temp ? inv_temp[s] : 0.f;
   const uint64_t key = it > 0.f ? keys[s] : 0;
   // score = logit (greedy) or logit / T + Gumbel noise; the raw logits feed the log-softmax.
-  ArgmaxPart a{-FLT_MAX, 0x7fffffff, -INFINITY, 0.f};
+  ArgmaxPart a = kNoPart;
   const int lo = c * chunk, hi = min(V, lo + chunk);
 #pragma unroll 8
   for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     const float x = r[i];
-    const float sc = it > 0.f ? x * it - __logf(-logf(stream_uniform(key, i))) : x;
-    if (sc > a.best) { a.best = sc; a.id = i; }  // per-thread ids increase: first max kept
+    const float sc = it > 0.f ? x * it - __logf(-logf(stream_uniform(key, id0 + i))) : x;
+    if (sc > a.best) { a.best = sc; a.id = id0 + i; a.x = x; }  // per-thread ids increase: first max kept
     if (x > a.mx) { a.z = a.z * expf(a.mx - x) + 1.f; a.mx = x; } else { a.z += expf(x - a.mx); }
   }
   for (int o = 16; o; o >>= 1) merge_part(a, shfl_part(a, o));
@@ -168,10 +175,11 @@ __global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride
   }
 }
 
-// One warp per row: merge the row's chunks (at most kArgmaxMaxChunks; lane l takes l, l + 32, ... in
-// order, all loaded first).
-__global__ void argmax_merge_k(const float* lg, int stride, int nchunks, const ArgmaxPart* parts, int32_t* tok,
-                               float* lp, int32_t* tok_dev, int row0) {
+// One warp per row: merge the row's chunks of every rank (parts [ranks][S][nchunks], at most
+// kArgmaxMaxChunks a row; lane l takes l, l + 32, ..., all loaded first). Ties go to the lowest id
+// whatever the order, so every rank picks the same.
+__global__ void argmax_merge_k(int ranks, int S, int nchunks, const ArgmaxPart* parts, int32_t* tok, float* lp,
+                               int32_t* tok_dev, int row0) {
   const int s = row0 + blockIdx.x, lane = threadIdx.x;
   pdl_wait();
   pdl_launch_dependents();
@@ -179,8 +187,8 @@ __global__ void argmax_merge_k(const float* lg, int stride, int nchunks, const A
   ArgmaxPart q[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
-    const int c = lane + 32 * u;
-    q[u] = c < nchunks ? parts[size_t(s) * nchunks + c] : ArgmaxPart{-FLT_MAX, 0x7fffffff, -INFINITY, 0.f};
+    const int f = lane + 32 * u, rk = f / nchunks, c = f % nchunks;
+    q[u] = rk < ranks ? parts[(size_t(rk) * S + s) * nchunks + c] : kNoPart;
   }
   ArgmaxPart a = q[0];
 #pragma unroll
@@ -188,7 +196,7 @@ __global__ void argmax_merge_k(const float* lg, int stride, int nchunks, const A
   for (int o = 16; o; o >>= 1) merge_part(a, shfl_part(a, o));
   if (lane == 0) {
     tok[s] = a.id;
-    lp[s] = lg[size_t(s) * stride + a.id] - a.mx - logf(a.z);
+    lp[s] = a.x - a.mx - logf(a.z);
     if (tok_dev) tok_dev[s] = a.id;
   }
 }
@@ -224,17 +232,32 @@ void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, 
   if (M <= 0) return;
   topk_k<<<(M + 7) / 8, 256, 0, s>>>(lg, idx, w, M, E, k);
 }
-void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* tok, float* lp, float* scratch,
-                           cudaStream_t s, const float* inv_temp, const uint64_t* key, int32_t* tok_dev) {
+void launch_argmax_parts(const float* lg, int S, int stride, int V_limit, int id0, int nchunks, float* scratch,
+                         cudaStream_t s, const float* inv_temp, const uint64_t* key) {
   if (S <= 0) return;
-  const int nchunks = argmax_chunks(V_limit);
+  if (nchunks < 1 || nchunks > kArgmaxMaxChunks) throw_error("argmax: 1 to 128 chunks a row");
   const int chunk = (V_limit + nchunks - 1) / nchunks;
   auto* parts = reinterpret_cast<ArgmaxPart*>(scratch);
   for (int r0 = 0; r0 < S; r0 += 65535) {  // grid.y limit
     const int n = std::min(S - r0, 65535);
-    launch_pdl(argmax_part_k, dim3(nchunks, n), dim3(256), 0, s, lg, V, V_limit, chunk, inv_temp, key, parts, r0);
-    launch_pdl(argmax_merge_k, dim3(n), dim3(32), 0, s, lg, V, nchunks, parts, tok, lp, tok_dev, r0);
+    launch_pdl(argmax_part_k, dim3(nchunks, n), dim3(256), 0, s, lg, stride, V_limit, chunk, id0, inv_temp, key,
+               parts, r0);
   }
+}
+void launch_argmax_merge(const float* scratch, int ranks, int S, int nchunks, int32_t* tok, float* lp, cudaStream_t s,
+                         int32_t* tok_dev) {
+  if (S <= 0) return;
+  if (ranks < 1 || nchunks < 1 || ranks * nchunks > kArgmaxMaxChunks) throw_error("argmax: at most 128 partials a row");
+  const auto* parts = reinterpret_cast<const ArgmaxPart*>(scratch);
+  for (int r0 = 0; r0 < S; r0 += 65535)
+    launch_pdl(argmax_merge_k, dim3(std::min(S - r0, 65535)), dim3(32), 0, s, ranks, S, nchunks, parts, tok, lp,
+               tok_dev, r0);
+}
+void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* tok, float* lp, float* scratch,
+                           cudaStream_t s, const float* inv_temp, const uint64_t* key, int32_t* tok_dev) {
+  const int nchunks = argmax_chunks(V_limit);
+  launch_argmax_parts(lg, S, V, V_limit, 0, nchunks, scratch, s, inv_temp, key);
+  launch_argmax_merge(scratch, 1, S, nchunks, tok, lp, s, tok_dev);
 }
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s) {
   fill_bf16_k<<<1024, 256, 0, s>>>(p, n, scale, offset, seed);

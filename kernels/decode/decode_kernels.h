@@ -40,11 +40,29 @@ void launch_topk_softmax(const float* logits, int32_t* idx, float* w, int M, int
 // scratch: argmax_scratch_floats(S, V_limit) floats. tok_dev (optional, device) gets a copy of out_tok.
 // Up to 128 chunks of >= 1024 logits: a 201k row is ~6 logits a thread, loaded in one round.
 constexpr int kArgmaxMaxChunks = 128;
+constexpr size_t kArgmaxPartFloats = 5;  // a chunk's partial: best score, its id, max, sum, its logit
 inline int argmax_chunks(int V_limit) { return std::clamp((V_limit + 1023) / 1024, 1, kArgmaxMaxChunks); }
-inline size_t argmax_scratch_floats(int S, int V_limit) { return size_t(S) * argmax_chunks(V_limit) * 4; }
+// A vocabulary split over `ranks` (tensor parallelism): every rank takes the same chunk count for its
+// slice of slice_rows ids, so the gathered partials line up.
+inline int argmax_chunks_split(int slice_rows, int ranks) {
+  return std::clamp((slice_rows + 1023) / 1024, 1, kArgmaxMaxChunks / ranks);
+}
+// Enough for one GPU's pick over V_limit ids and for a split one's gathered partials.
+inline size_t argmax_scratch_floats(int S, int V_limit, int ranks = 1) {
+  const int per_row = std::max(argmax_chunks(V_limit), ranks * argmax_chunks_split((V_limit + ranks - 1) / ranks, ranks));
+  return size_t(S) * per_row * kArgmaxPartFloats;
+}
 void launch_argmax_logprob(const float* logits, int S, int V, int V_limit, int32_t* out_tok, float* out_lp,
                            float* scratch, cudaStream_t s, const float* inv_temp = nullptr,
                            const uint64_t* key = nullptr, int32_t* tok_dev = nullptr);
+// The same pick over a vocabulary split by tensor parallelism, in two halves around an all-gather:
+// argmax_parts writes this rank's partials of ids [id0, id0 + V_limit) (logits of row r at lg + r * stride
+// + (id - id0); the Gumbel noise keyed by the global id, so the sample is the one-GPU sample) to
+// parts [S][nchunks] (nchunks = argmax_chunks_split); argmax_merge reads every rank's, [ranks][S][nchunks].
+void launch_argmax_parts(const float* lg, int S, int stride, int V_limit, int id0, int nchunks, float* parts,
+                         cudaStream_t s, const float* inv_temp = nullptr, const uint64_t* key = nullptr);
+void launch_argmax_merge(const float* parts, int ranks, int S, int nchunks, int32_t* out_tok, float* out_lp,
+                         cudaStream_t s, int32_t* tok_dev = nullptr);
 // Random bf16 in [-scale, scale) / random bytes, generated on the device (dummy weights).
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s);
 void launch_fill_random_u8(uint8_t* p, size_t n, uint8_t lo, uint8_t span, uint64_t seed, cudaStream_t s);

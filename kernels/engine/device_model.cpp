@@ -40,6 +40,7 @@ DeviceShape DeviceShape::shard(const ModelConfig& c, const DenseQuant& dense, in
   s.Hq = d.q_heads.count; s.Hkv = d.kv_heads.count; s.I = d.inter.count;
   s.expert0 = d.experts.begin; s.experts_held = d.experts.count;
   s.head_rows = d.vocab.count;
+  s.vocab0 = d.vocab.begin;
   s.tp_size = size;
   return s;
 }

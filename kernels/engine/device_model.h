@@ -28,6 +28,7 @@ struct DeviceShape {
   int E = 0, I = 0, top_k = 0;   // experts (the router's), intermediate size, experts per token
   int expert0 = 0, experts_held = 0;  // the experts whose weights this GPU holds: [expert0, expert0 + held)
   int head_rows = 0;                 // the lm_head (vocabulary) rows this GPU holds
+  int vocab0 = 0;                    // the first of them
   int tp_size = 1;                   // GPUs of the tensor-parallel group
   DenseQuant dense;              // formats of qkv, o-proj and lm_head (--mxfp4-layers, --fp8-layers)
   int q_dim() const { return Hq * D; }

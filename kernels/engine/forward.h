@@ -26,6 +26,7 @@ struct StepView {
   float* results = nullptr;        // where the picks go: S tokens (int32), then S log-probs (mapped host memory)
   int num_sampled = 0;             // S
   bool attn_long = false;          // a context past the tensor-core attention's one pass: full layers use registers
+  bool full_logits = false;        // tensor parallel: the step reads logits [S, V] after the pick (gathered)
 };
 
 // One sequence's rows in a prefill step: first token row, token count, block-table offsets of the
@@ -93,8 +94,9 @@ class Forward {
     const uint16_t *up_bias, *down_bias;
   };
   ExpertWeights expert_weights(int l) const;
-  // The lm_head over this rank's vocabulary rows, gathered into logits [S, V].
-  void lm_head(float* logits, int s0, int S);
+  // The lm_head over this rank's vocabulary rows ([S, head_rows], returned), gathered into logits [S, V]
+  // when `gather` (always on one GPU: they are the logits).
+  float* lm_head(float* logits, int s0, int S, bool gather);
   void mark(const char* name, double bytes) { probe_.mark(name, bytes, stream_); }
 
   const DeviceModel& model_;

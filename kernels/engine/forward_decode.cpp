@@ -187,7 +187,7 @@ void Forward::experts(const DecodeRows& r, int l, float* x_next) {
 
 // logits [S, V] of rows s0.. (act_.xs): this GPU's vocabulary rows, then on a tensor-parallel rank every
 // rank's slice gathered (in place into logits_tp, [ranks][S][slice]) and laid out row by row.
-void Forward::lm_head(float* logits, int s0, int S) {
+float* Forward::lm_head(float* logits, int s0, int S, bool gather) {
   const int H = shape_.H, V = shape_.V, R = shape_.head_rows;
   float* out = tp() ? act_.logits_tp + size_t(opt_.tp->rank) * S * R : logits;  // [S, R]
   if (S <= cuda::kDecodeMaxTokens) {
@@ -209,12 +209,13 @@ void Forward::lm_head(float* logits, int s0, int S) {
       }
     }
   }
-  if (!tp()) return;
+  if (!tp() || !gather) return out;
   const size_t slice = size_t(S) * R;
   opt_.tp->all_gather(out, act_.logits_tp, slice * 4, stream_);
   for (int q = 0; q < opt_.tp->size; ++q)
     MX_CUDA(cudaMemcpy2DAsync(logits + size_t(q) * R, size_t(V) * 4, act_.logits_tp + size_t(q) * slice, size_t(R) * 4,
                               size_t(R) * 4, size_t(S), cudaMemcpyDeviceToDevice, stream_));
+  return out;
 }
 
 Forward::ExpertWeights Forward::expert_weights(int l) const {
@@ -275,11 +276,25 @@ void Forward::final_logits(const StepView& st, const float* x, const float* y_sl
                            act_.xs + size_t(s0) * H, S, H, stream_);
   mark("final_norm", 0);
   float* logits = act_.logits + size_t(s0) * V;
-  lm_head(logits, s0, S);
+  // Tensor parallel: each rank picks over its vocabulary slice and the ranks' partials are gathered,
+  // unless the step reads the whole logits afterwards.
+  const bool split = tp() && !st.full_logits;
+  float* own = lm_head(logits, s0, S, !split);
   mark("lm_head", double(lm_head_bytes(shape_)));
-  cuda::launch_argmax_logprob(logits, S, V, opt_.vocab_limit, reinterpret_cast<int32_t*>(st.results) + s0,
-                              st.results + st.num_sampled + s0, act_.argmax_part, stream_, st.dev->inv_temp + s0,
-                              st.dev->sample_key + s0, act_.picked + s0);
+  int32_t* tok = reinterpret_cast<int32_t*>(st.results) + s0;
+  float* lp = st.results + st.num_sampled + s0;
+  if (split) {
+    const int R = shape_.head_rows, rank = opt_.tp->rank, id0 = shape_.vocab0, ranks = opt_.tp->size;
+    const int n = cuda::argmax_chunks_split((V + ranks - 1) / ranks, ranks);  // the same on every rank
+    const size_t part = size_t(S) * n * cuda::kArgmaxPartFloats;
+    cuda::launch_argmax_parts(own, S, R, std::clamp(opt_.vocab_limit - id0, 0, R), id0, n,
+                              act_.argmax_part + rank * part, stream_, st.dev->inv_temp + s0, st.dev->sample_key + s0);
+    opt_.tp->all_gather(act_.argmax_part + rank * part, act_.argmax_part, part * 4, stream_);
+    cuda::launch_argmax_merge(act_.argmax_part, ranks, S, n, tok, lp, stream_, act_.picked + s0);
+  } else {
+    cuda::launch_argmax_logprob(logits, S, V, opt_.vocab_limit, tok, lp, act_.argmax_part, stream_,
+                                st.dev->inv_temp + s0, st.dev->sample_key + s0, act_.picked + s0);
+  }
   mark("argmax", double(S) * V * 4);
 }
 

@@ -39,7 +39,7 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
       S * H * 2,  // bf16 (act_bf also holds the FP8 MoE's hi/lo activation rows)
       T * k * 4, T * d.Hkv * cuda::kAttnDecodeGroup * 4,                         // eidx, tickets
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(p.moe_max_tiles) * 4, size_t(p.moe_max_tiles) * 4, 4,
-      T * k * 4, cuda::argmax_scratch_floats(int(S), int(V)) * 4,                // moe routing, argmax
+      T * k * 4, cuda::argmax_scratch_floats(int(S), int(V), d.tp_size) * 4,      // moe routing, argmax
       cuda::decode_step_counter_words(d.layers) * 4, size_t(d.layers) * sizeof(cuda::DecodeStepLayer),
       size_t(d.layers) * E * 8, size_t(cuda::oproj_router_tiles(d.H)) * 4,
       cuda::attention_decode_mma_scratch_words(std::max(cuda::kDecodeMaxTokens, p.S), d.Hkv) * 8, S * 4,

@@ -54,6 +54,7 @@ struct GraphKey {
   int tokens = 1;          // 1..8, one token per sequence (every token sampled)
   bool attn_long = false;  // full layers on the register attention kernel
   int parity = 0;          // the metadata buffer and result slot it reads and writes
+  bool full_logits = false;  // tensor parallel: the logits gathered (StepView::full_logits)
 };
 class DecodeGraphs {
  public:
@@ -62,12 +63,12 @@ class DecodeGraphs {
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
   ~DecodeGraphs() { clear(); }
   cudaGraphExec_t& at(const GraphKey& k) {
-    return g_[size_t(k.tokens + (cuda::kDecodeMaxTokens + 1) * (int(k.attn_long) + 2 * k.parity))];
+    return g_[size_t(k.tokens + (cuda::kDecodeMaxTokens + 1) * (int(k.attn_long) + 2 * k.parity + 4 * int(k.full_logits)))];
   }
   void clear();  // after anything a graph captured changed (a diagnostic turned on or off)
 
  private:
-  std::array<cudaGraphExec_t, (cuda::kDecodeMaxTokens + 1) * 4> g_{};
+  std::array<cudaGraphExec_t, (cuda::kDecodeMaxTokens + 1) * 8> g_{};
 };
 
 class CudaRunner final : public CudaRunnerBase {

@@ -23,11 +23,12 @@ std::string agreed_flags(const CudaEngineOptions& o) {
   return fmt::format(
       "weights {} {}, max-model-len {}, max-num-seqs {}, max-tokens-per-step {}, block-size {}, kv {}, dense {}, "
       "vocab-limit {}, prefill-min-tokens {}, flash {}, decode-step-min-tokens {}, decode-ahead {}, graphs {}, "
-      "tensor-parallel-size {}, nnodes {}, moe split {}",
+      "tensor-parallel-size {}, nnodes {}, moe split {}, keep-logits {}",
       o.dummy_weights ? "dummy" : "checkpoint", o.dummy_weights ? o.preset : "", o.max_model_len, o.max_num_seqs,
       o.max_tokens_per_step, o.block_size, o.kv_fp8 ? "fp8" : "bf16", o.dense.describe(), o.vocab_limit,
       o.prefill_min_tokens, int(o.flash_prefill_attention), o.decode_step_min_tokens, int(o.decode_ahead),
-      int(o.use_graphs), o.tp.size, o.tp.nnodes, o.tp.moe == MoeSplit::kExperts ? "experts" : "intermediate");
+      int(o.use_graphs), o.tp.size, o.tp.nnodes, o.tp.moe == MoeSplit::kExperts ? "experts" : "intermediate",
+      int(o.keep_logits));
 }
 }  // namespace
 

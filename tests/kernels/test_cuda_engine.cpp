@@ -73,6 +73,57 @@ TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
 // One chunk (5003, 5004) and several with a partial last one (201088: 32 chunks, the gpt-oss vocabulary).
 INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004, 9001, 201088));
 
+// The pick over a vocabulary split by tensor parallelism (argmax_parts on each slice, the partials laid
+// out as gathered, argmax_merge) is the one-GPU pick: the same ids (greedy, ties across slices, Gumbel
+// samples keyed by the global id, an id limit inside the last slice) and log-probs within 1e-5.
+TEST(CudaKernels, ArgmaxSplitOverRanksIsTheOneGpuPick) {
+  const int V = 201088, S = 6, limit = V - 100;
+  std::vector<float> lg(size_t(S) * V);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0, 2);
+  for (auto& v : lg) v = nd(rng);
+  lg[77] = 60; lg[150001] = 60;          // row 0: a tie across slices
+  lg[size_t(1) * V + V - 1] = 90;        // row 1: past the limit, never picked
+  lg[size_t(2) * V + limit - 1] = 70;    // row 2: the last id allowed
+  std::vector<float> it(S, 0.f);
+  std::vector<uint64_t> keys(S, 0);
+  for (int s = 3; s < S; ++s) { it[size_t(s)] = 1.f / 0.7f; keys[size_t(s)] = mx::sample_stream_key(7, uint64_t(s)); }
+  float* dlg = to_dev(lg);
+  float* dit = to_dev(it);
+  uint64_t* dkeys = to_dev(keys);
+  int32_t* dt; float* dl; float* dpart;
+  cudaMalloc(&dt, S * 4); cudaMalloc(&dl, S * 4);
+  cudaMalloc(&dpart, mx::cuda::argmax_scratch_floats(S, V, 8) * 4);
+  mx::cuda::launch_argmax_logprob(dlg, S, V, limit, dt, dl, dpart, 0, dit, dkeys);
+  const auto want_t = from_dev(dt, S);
+  const auto want_lp = from_dev(dl, S);
+  EXPECT_EQ(want_t[0], 77);
+  EXPECT_NE(want_t[1], V - 1);
+  EXPECT_EQ(want_t[2], limit - 1);
+  for (int ranks : {2, 4, 8}) {
+    const int n = mx::cuda::argmax_chunks_split((V + ranks - 1) / ranks, ranks);
+    const size_t part = size_t(S) * n * mx::cuda::kArgmaxPartFloats;
+    ASSERT_LE(part * ranks, mx::cuda::argmax_scratch_floats(S, V, ranks));
+    std::vector<float*> slices;
+    for (int q = 0; q < ranks; ++q) {  // slices of multiples of 8 ids, the last takes the rest
+      const int b = (q * (V / 8) / ranks) * 8, e = q == ranks - 1 ? V : ((q + 1) * (V / 8) / ranks) * 8, R = e - b;
+      std::vector<float> sl(size_t(S) * R);
+      for (int s = 0; s < S; ++s) std::copy_n(&lg[size_t(s) * V + b], R, &sl[size_t(s) * R]);
+      slices.push_back(to_dev(sl));
+      mx::cuda::launch_argmax_parts(slices.back(), S, R, std::clamp(limit - b, 0, R), b, n, dpart + q * part, 0, dit,
+                                    dkeys);
+    }
+    cudaMemset(dt, 0xff, S * 4);
+    mx::cuda::launch_argmax_merge(dpart, ranks, S, n, dt, dl, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(from_dev(dt, S), want_t) << ranks << " ranks";
+    const auto lp = from_dev(dl, S);
+    for (int s = 0; s < S; ++s) EXPECT_NEAR(lp[size_t(s)], want_lp[size_t(s)], 1e-5) << ranks << " ranks, row " << s;
+    for (float* d : slices) cudaFree(d);
+  }
+  cudaFree(dlg); cudaFree(dit); cudaFree(dkeys); cudaFree(dt); cudaFree(dl); cudaFree(dpart);
+}
+
 // GPU temperature sampling (Gumbel-max in the greedy-pick kernel): 40000 draws from one 64-logit
 // row follow softmax(logits / T) (every id within 5 sigma of its binomial count), every row's
 // logprob is the raw log-softmax at its pick (1e-5), rows with inv_temp 0 stay greedy, and a second
@@ -435,6 +486,70 @@ TEST(TensorParallel, MiniTwoGpusNcclOnlyMatchCpuReference) {
   if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   expect_tp_like_one_gpu(3, 40, 3, 1 << 30, mx::MoeSplit::kIntermediate, false);
   expect_tp_like_one_gpu(1, 9, 6, 1 << 30, mx::MoeSplit::kExperts, false);
+}
+// The picks of `nseq` sequences (prompts of P + s tokens, then `steps` one-token steps, every input
+// token given) on `tp` GPUs, greedy or sampled (seeded per sequence).
+std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperature, int nseq, int P, int steps,
+                                       int prefill_min_tokens) {
+  const std::string dir = e2e_fixture("mini");
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int bs = 4, N = P + nseq + steps, nblk = (N + bs - 1) / bs;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, 256, 2 * nblk * nseq + 5);
+  opt.keep_logits = keep_logits;
+  opt.prefill_min_tokens = prefill_min_tokens;
+  opt.tp.size = tp;
+  auto gpu = mx::make_cuda_runner(opt);
+  std::vector<std::vector<int32_t>> toks(nseq, std::vector<int32_t>(N)), bt(nseq), sw(nseq), sw_step(nseq);
+  std::mt19937 rng(11);
+  for (auto& t : toks) for (auto& v : t) v = int32_t(rng() % cfg.vocab_size);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) {
+      bt[s].push_back(b * nseq + s + 5);
+      sw[s].push_back(nblk * nseq + 5 + b * nseq + s);
+    }
+  std::vector<mx::SampleResult> picks;
+  std::vector<int> done(nseq, 0);
+  for (int st = 0; st <= steps; ++st) {
+    std::vector<mx::SeqStep> seqs(nseq);
+    for (int s = 0; s < nseq; ++s) {
+      const int n = st == 0 ? P + s : 1;
+      seqs[s].seq_id = s;
+      seqs[s].tokens = std::span<const int32_t>(toks[s].data() + done[s], n);
+      seqs[s].start_pos = done[s];
+      seqs[s].block_table = bt[s];
+      sw_step[s] = sw[s];
+      const int first = mx::sliding_first_block(gpu->kv_shape(), done[s]);
+      for (int b = 0; b < first; ++b) sw_step[s][size_t(b)] = -1;
+      seqs[s].sliding_table = sw_step[s];
+      seqs[s].sample = true;
+      seqs[s].sampling.temperature = temperature;
+      seqs[s].sampling.seed = 1000 + uint64_t(s);
+      seqs[s].rng_step = uint64_t(st);
+      done[s] += n;
+    }
+    std::vector<mx::SampleResult> out(nseq);
+    gpu->step(seqs, out);
+    picks.insert(picks.end(), out.begin(), out.end());
+  }
+  return picks;
+}
+// Without kept logits a tensor-parallel step picks over each GPU's vocabulary slice and gathers the
+// partials (argmax_parts / argmax_merge); with them it gathers the logits and picks over the whole row.
+// The same picks (greedy and sampled: the noise is keyed by the global id), log-probs within 1e-5, on
+// graph decode steps, the decode path's chunks and the prefill path.
+TEST(TensorParallel, MiniTwoGpusSplitPickIsTheGatheredPick) {
+  if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  struct Case { int nseq, P, steps, prefill_min; float temperature; };
+  for (const Case c : {Case{3, 40, 3, 1 << 30, 0.f}, Case{12, 5, 3, 1 << 30, 0.8f}, Case{12, 5, 3, 9, 0.f},
+                       Case{1, 9, 6, 1 << 30, 1.2f}}) {
+    const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min);
+    const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min);
+    ASSERT_EQ(split.size(), gathered.size());
+    for (size_t i = 0; i < split.size(); ++i) {
+      EXPECT_EQ(split[i].token, gathered[i].token) << c.nseq << " seqs, T " << c.temperature << ", pick " << i;
+      EXPECT_NEAR(split[i].logprob, gathered[i].logprob, 1e-5) << c.nseq << " seqs, pick " << i;
+    }
+  }
 }
 TEST(TensorParallel, MiniTwoGpusQuantizedLayersAndFp8Cache) {
   if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
