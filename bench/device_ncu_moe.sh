@@ -3,6 +3,8 @@
 # dummy full-size weights (GPU machine, from the repo root). The CUDA code is built with -lineinfo
 # (kernels/CMakeLists.txt), so the source page puts the stalls on lines of moe_fp8.cu.
 # Usage: OUT=dir [MXSERVE=build/cli/mxserve] [PRESET=120b] [PP=2048] bash bench/device_ncu_moe.sh
+# The sparse kernel of a wide decode step (moe_fp8_k: a 16-token pp step's 72 launches twice, then the
+# first decode step's first layer): KERNEL=moe_fp8_k SKIP=144 PP=16 TG=2 BATCH=128.
 # Out: moe.ncu-rep (the report), ncu.txt (its sections), source.csv (per SASS line, with the CUDA line:
 # samples and stall reasons; empty where this ncu lacks --print-source).
 set -u
@@ -11,11 +13,11 @@ source bench/device_run_env.sh /tmp/mxserve-ncu-moe
 BIN=${MXSERVE:-build/cli/mxserve}
 [ -e "$BIN.gz" ] && gunzip -f "$BIN.gz"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-timeout 300 "$NCU" --clock-control none --kernel-name regex:moe_fp8_wide_k --launch-count 2 \
+timeout 300 "$NCU" --clock-control none --kernel-name regex:${KERNEL:-moe_fp8_wide_k} --launch-skip ${SKIP:-0} --launch-count 2 \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
   --section WarpStateStats --section Occupancy --section LaunchStats --section SourceCounters \
   --import-source yes -f -o "$OUT/moe" \
-  "$BIN" bench --preset "${PRESET:-120b}" --pp "${PP:-2048}" --tg 1 --depth 0 --batch 1 --reps 1 > "$OUT/ncu.log" 2>&1
+  "$BIN" bench --preset "${PRESET:-120b}" --pp "${PP:-2048}" --tg "${TG:-1}" --depth 0 --batch "${BATCH:-1}" --reps 1 > "$OUT/ncu.log" 2>&1
 echo "ncu rc=$?"
 "$NCU" --import "$OUT/moe.ncu-rep" --page details > "$OUT/ncu.txt" 2>&1
 "$NCU" --import "$OUT/moe.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/source.csv" 2>&1 || true
