@@ -57,7 +57,8 @@ for _ in range(480):
         urllib.request.urlopen("http://127.0.0.1:8011/ready", timeout=1); break
     except Exception: time.sleep(0.5)
 PY
-  # 3. The load.
+  # 3. The load; the server's CPU time over it (user + system, all threads: a spinning wait shows here).
+  cpu0=$(awk '{print $14 + $15}' /proc/$SP/stat); t0=$SECONDS
   ids=--prompt-ids
   [ "${PROMPT_IDS:-1}" = 0 ] && ids=
   # CLIENT_ARGS is a list of words on purpose.
@@ -66,6 +67,8 @@ PY
     ${CLIENT_ARGS:---temperature 0} --requests-per-slot "${REQS:-1}" $engine_json \
     --json "$OUT/load_$N.json" > "$OUT/load_$N.txt" 2>&1
   echo "client exit $?"
+  cpu1=$(awk '{print $14 + $15}' /proc/$SP/stat); tck=$(getconf CLK_TCK)
+  echo "server CPU during the load: $(( (cpu1 - cpu0) / tck )) s over $(( SECONDS - t0 )) s of wall time"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8011/metrics', timeout=5).read().decode())" \
     > "$OUT/metrics_$N.txt" 2>&1
   kill -TERM $SP; wait $SP

@@ -64,6 +64,7 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpCom
               stats_.upload_gbps);
   }
   model_.check_scales(reinterpret_cast<unsigned long long*>(act_.scratch), stream_);
+  model_.find_row_scales(stream_);
   ForwardOptions fo;
   fo.decode_step_min_tokens = opt.decode_step_min_tokens;
   fo.flash_prefill_attention = opt.flash_prefill_attention;

@@ -10,6 +10,7 @@
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
 #include "kernels/dense_quant/dense_quant.h"
+#include "kernels/moe_prefill/moe_prefill.h"
 #include "model/weights.h"
 
 namespace mx {
@@ -63,16 +64,18 @@ LayerSizes::LayerSizes(const DeviceShape& s) {
   down_blocks = E * H * I / 2;
   down_scales = E * H * I / 32;
   down_bias = E * H * 2;
+  up_smax = E * 2 * I;
+  down_smax = E * H;
 }
 size_t LayerSizes::total() const {
   size_t t = 0;
   for (size_t s : {attn_norm, qkv_w, qkv_sc, qkv_b, o_w, o_sc, o_b, sinks, mlp_norm, router_w, router_b, up_blocks, up_scales,
-                   up_bias, down_blocks, down_scales, down_bias})
+                   up_bias, down_blocks, down_scales, down_bias, up_smax, down_smax})
     t += align256(s);
   return t;
 }
 size_t LayerSizes::expert_bytes() const {
-  return up_blocks + up_scales + up_bias + down_blocks + down_scales + down_bias;
+  return up_blocks + up_scales + up_bias + down_blocks + down_scales + down_bias + up_smax + down_smax;
 }
 
 size_t lm_head_bytes(const DeviceShape& s) {
@@ -132,7 +135,7 @@ void DeviceModel::bind(uint8_t* arena) {
     d.o = dense(shape.dense.o, ls.o_w, ls.o_sc); d.o_b = t16(ls.o_b); d.sinks = t16(ls.sinks); d.mlp_norm = t16(ls.mlp_norm); d.router_w = t16(ls.router_w);
     d.router_b = t16(ls.router_b); d.up_blocks = take(ls.up_blocks); d.up_scales = take(ls.up_scales);
     d.up_bias = t16(ls.up_bias); d.down_blocks = take(ls.down_blocks); d.down_scales = take(ls.down_scales);
-    d.down_bias = t16(ls.down_bias);
+    d.down_bias = t16(ls.down_bias); d.up_smax = take(ls.up_smax); d.down_smax = take(ls.down_smax);
   }
 }
 
@@ -241,6 +244,14 @@ size_t DeviceModel::upload(const ModelWeights& w, cudaStream_t s, uint16_t* scra
     cudaFreeHost(stage[i]);
   }
   return total;
+}
+
+void DeviceModel::find_row_scales(cudaStream_t s) {
+  const LayerSizes ls(shape);
+  for (const auto& d : layers) {
+    cuda::moe_row_max_scale(d.up_scales, ls.up_smax, shape.H / 32, d.up_smax, s);
+    cuda::moe_row_max_scale(d.down_scales, ls.down_smax, shape.I / 32, d.down_smax, s);
+  }
 }
 
 void DeviceModel::check_scales(unsigned long long* bad, cudaStream_t s) const {

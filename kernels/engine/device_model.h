@@ -48,15 +48,16 @@ struct DeviceLayer {
   uint16_t *attn_norm, *qkv_b, *o_b, *sinks, *mlp_norm, *router_w, *router_b;
   uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
   uint16_t *up_bias, *down_bias;
+  uint8_t *up_smax, *down_smax;  // each expert row's largest scale (the FP8 MoE's, find_row_scales)
 };
 
 // Byte sizes of every tensor of one layer, in arena order (qkv_sc / o_sc: the quantized formats' scales).
 struct LayerSizes {
   size_t attn_norm, qkv_w, qkv_sc, qkv_b, o_w, o_sc, o_b, sinks, mlp_norm, router_w, router_b, up_blocks, up_scales,
-      up_bias, down_blocks, down_scales, down_bias;
+      up_bias, down_blocks, down_scales, down_bias, up_smax, down_smax;
   explicit LayerSizes(const DeviceShape& s);
   size_t total() const;         // with each tensor's 256-byte alignment
-  size_t expert_bytes() const;  // all experts held, fc1 + fc2 (blocks, scales, bias)
+  size_t expert_bytes() const;  // all experts held, fc1 + fc2 (blocks, scales, bias, row scale maxima)
 };
 
 // Bytes of lm_head in its format, scales included.
@@ -89,6 +90,8 @@ class DeviceModel {
   // fails on a checkpoint with larger ones (experts, or dense rows quantized to MXFP4). scratch: 8 bytes
   // of device memory.
   void check_scales(unsigned long long* scratch, cudaStream_t s) const;
+  // Each expert row's largest scale (up_smax, down_smax) from the loaded scales.
+  void find_row_scales(cudaStream_t s);
 
   const ModelConfig& cfg;
   DeviceShape shape;

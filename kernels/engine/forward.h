@@ -92,6 +92,7 @@ class Forward {
   struct ExpertWeights {
     const uint8_t *up_blocks, *up_scales, *down_blocks, *down_scales;
     const uint16_t *up_bias, *down_bias;
+    const uint8_t *up_smax, *down_smax;
   };
   ExpertWeights expert_weights(int l) const;
   // The lm_head over this rank's vocabulary rows ([S, head_rows], returned), gathered into logits [S, V]

@@ -223,7 +223,8 @@ Forward::ExpertWeights Forward::expert_weights(int l) const {
   const size_t H = shape_.H, I = shape_.I, x0 = size_t(shape_.expert0);
   // Offsets before the arrays' starts: only ids of held experts ever index them (the kernels skip the rest).
   return {L.up_blocks - x0 * I * H, L.up_scales - x0 * 2 * I * H / 32, L.down_blocks - x0 * H * I / 2,
-          L.down_scales - x0 * H * I / 32, L.up_bias - x0 * 2 * I, L.down_bias - x0 * H};
+          L.down_scales - x0 * H * I / 32, L.up_bias - x0 * 2 * I, L.down_bias - x0 * H,
+          L.up_smax - x0 * 2 * I, L.down_smax - x0 * H};
 }
 
 void Forward::zero_unless_rank0(float* rows, size_t n) {

@@ -107,6 +107,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     g.alpha = c.swiglu_alpha; g.limit = c.swiglu_limit;
     const ExpertWeights w = expert_weights(l);
     g.blocks = w.up_blocks; g.scales = w.up_scales; g.bias = w.up_bias; g.x = a.xn; g.act = a.act_bf;
+    g.row_smax = w.up_smax;
     g.N = 2 * I; g.K = H;
     if (fp8_moe) {  // FC1's hi/lo operand in y_slot's scratch (free until FC2), the activation in act_bf's
       uint8_t* xq = reinterpret_cast<uint8_t*>(a.ysl);
@@ -119,6 +120,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     }
     probe_.mark_experts("moe_fc1_prefill", double(ls.up_blocks + ls.up_scales + ls.up_bias) / E, l, s);
     g.blocks = w.down_blocks; g.scales = w.down_scales; g.bias = w.down_bias; g.x = a.act_bf; g.y_slot = a.ysl;
+    g.row_smax = w.down_smax;
     g.N = H; g.K = I; g.xq = g.act_q;
     if (fp8_moe) cuda::moe_fc2_fp8(g, s);
     else cuda::moe_fc2_prefill(g, s);

@@ -94,6 +94,16 @@ __device__ __forceinline__ void wgmma_m64n32k32(float (&d)[16], const uint32_t (
 }
 #endif
 
+// out[r] = max over row r's G E8M0 scales (once at load: a thread a row).
+__global__ void row_max_k(const uint8_t* scales, size_t rows, int G, uint8_t* out) {
+  const size_t r = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const uint8_t* sc = scales + r * G;
+  uint32_t m = 0;
+  for (int g = 0; g < G; ++g) m = max(m, uint32_t(sc[g]));
+  out[r] = uint8_t(m);
+}
+
 // One token row -> its hi/lo rows (zeros past K) and 2^-xs; max |x| 2^xs < 256.
 __global__ void quant_k(const uint16_t* x, int K, uint8_t* xq, float* xinv) {
   __shared__ float wmax[8];
@@ -134,20 +144,39 @@ __global__ void quant_k(const uint16_t* x, int K, uint8_t* xq, float* xinv) {
 
 // Both kernels' output: acc[4j + c] is column 8j + 2t (hi) or + 1 (lo) = token 4j + t, weight row rA for
 // c < 2, rA + 1 for c >= 2; FC1 writes SwiGLU as hi/lo e4m3 (act_q), FC2 the weighted rows (y_slot).
-template <bool kFc1, int kAcc>
-__device__ __forceinline__ void epilogue(const MoeGemmPrefillParams& p, const float (&acc)[kAcc], int e, int row0,
-                                         int rows, int rA, uint32_t smaxA, uint32_t smaxB, int t) {
+// EpiIn holds what the epilogue reads from global memory, read all at once before it (overlapped round
+// trips; read before the sparse kernel's main loop instead, it cost that kernel 3 %: docs/perf.md).
+template <int kJ>
+struct EpiIn {
+  float bA, bB, xw[kJ];  // the rows' biases; per token: FC1 2^-xs, FC2 the gate weight
+  int slot[kJ];          // FC2: the token's output slot
+};
+template <bool kFc1, int kJ>
+__device__ __forceinline__ EpiIn<kJ> epilogue_in(const MoeGemmPrefillParams& p, int e, int row0, int rows, int ra, int t) {
+  EpiIn<kJ> in;
   const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
+  in.bA = __bfloat162float(bias[ra]);
+  in.bB = __bfloat162float(bias[ra + 1]);
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int r = row0 + max(0, min(4 * j + t, rows - 1));  // a real row: tokens past `rows` are dropped
+    in.xw[j] = kFc1 ? p.xinv[p.sorted_tok[r]] : p.sorted_w[r];
+    in.slot[j] = kFc1 ? 0 : p.sorted_slot[r];
+  }
+  return in;
+}
+template <bool kFc1, int kAcc>
+__device__ __forceinline__ void epilogue(const MoeGemmPrefillParams& p, const float (&acc)[kAcc], const EpiIn<kAcc / 4>& in,
+                                         int row0, int rows, int rA, uint32_t smaxA, uint32_t smaxB, int t) {
   const float fa = ldexpf(1.f, int(smaxA) - 133), fb = ldexpf(1.f, int(smaxB) - 133);
-  const float bA = __bfloat162float(bias[rA]), bB = __bfloat162float(bias[rA + 1]);
 #pragma unroll
   for (int j = 0; j < kAcc / 4; ++j) {
     const int tok = 4 * j + t;
     if (tok >= rows) continue;
     const int r = row0 + tok;
-    const float xi = kFc1 ? p.xinv[p.sorted_tok[r]] : 1.f / kMoeFp8ActScale;
-    const float y0 = (acc[4 * j] + acc[4 * j + 1]) * fa * xi + bA;
-    const float y1 = (acc[4 * j + 2] + acc[4 * j + 3]) * fb * xi + bB;
+    const float xi = kFc1 ? in.xw[j] : 1.f / kMoeFp8ActScale;
+    const float y0 = (acc[4 * j] + acc[4 * j + 1]) * fa * xi + in.bA;
+    const float y1 = (acc[4 * j + 2] + acc[4 * j + 3]) * fb * xi + in.bB;
     if constexpr (kFc1) {
       const float gate = fminf(y0, p.limit), up = fminf(fmaxf(y1, -p.limit), p.limit);
       const float a = __bfloat162float(__float2bfloat16(gate / (1.f + __expf(-p.alpha * gate)) * (up + 1.f)));
@@ -158,8 +187,8 @@ __device__ __forceinline__ void epilogue(const MoeGemmPrefillParams& p, const fl
       out[pos] = hb8;
       out[Ip + pos] = e4m3_rn(y - e4m3_to_f32(hb8));
     } else {
-      const float w = p.sorted_w[r];
-      *reinterpret_cast<float2*>(p.y_slot + size_t(p.sorted_slot[r]) * p.N + rA) = make_float2(y0 * w, y1 * w);
+      const float w = in.xw[j];
+      *reinterpret_cast<float2*>(p.y_slot + size_t(in.slot[j]) * p.N + rA) = make_float2(y0 * w, y1 * w);
     }
   }
 }
@@ -198,17 +227,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
 #pragma unroll
   for (int u = 0; u < kU; ++u) load(u, u);
 
-  // The rows' largest scales (the four lanes of a row split its groups).
-  uint32_t smaxA = 0, smaxB = 0;
-  for (int gi = t; gi < G; gi += 4) {
-    smaxA = max(smaxA, uint32_t(sc[gi]));
-    smaxB = max(smaxB, uint32_t(sc[G + gi]));
-  }
-#pragma unroll
-  for (int o = 1; o <= 2; o <<= 1) {
-    smaxA = max(smaxA, __shfl_xor_sync(0xffffffffu, smaxA, o));
-    smaxB = max(smaxB, __shfl_xor_sync(0xffffffffu, smaxB, o));
-  }
+  // The rows' largest scales, found at load (a scan of the rows' scales here was round trips a CTA).
+  const uint32_t smaxA = p.row_smax[size_t(e) * p.N + ra], smaxB = p.row_smax[size_t(e) * p.N + ra + 1];
 
   // B: the tile's hi/lo rows over all of K. Rows past `rows` keep stale bytes: they feed only columns
   // whose outputs are dropped.
@@ -263,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p)
     }
   }
 
-  if (live) epilogue<kFc1>(p, acc, e, row0, rows, rA, smaxA, smaxB, t);
+  if (live) epilogue<kFc1>(p, acc, epilogue_in<kFc1, 4>(p, e, row0, rows, rA, t), row0, rows, rA, smaxA, smaxB, t);
 #endif
 }
 
@@ -497,8 +517,9 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       const int lr = c * 64 + 16 * warp + 2 * g, rA = R0 + lr;
       if (rA < p.N) {
         const uint32_t sa = smax_s[j & 1][lr], sb = smax_s[j & 1][lr + 1];
-        epilogue<kFc1>(p, acc0, e, row0, min(rows, 64), rA, sa, sb, t);
-        if constexpr (kTwo) epilogue<kFc1>(p, acc1, e, row0 + 64, rows - 64, rA, sa, sb, t);
+        epilogue<kFc1>(p, acc0, epilogue_in<kFc1, 16>(p, e, row0, min(rows, 64), rA, t), row0, min(rows, 64), rA, sa, sb, t);
+        if constexpr (kTwo)
+          epilogue<kFc1>(p, acc1, epilogue_in<kFc1, 16>(p, e, row0 + 64, rows - 64, rA, t), row0 + 64, rows - 64, rA, sa, sb, t);
       }
     };
     if (rows > 64) run(std::true_type{});
@@ -548,6 +569,7 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
   });
   if (p.tile_rows == kMoeTileRowsSparse) {
+    if (!p.row_smax) throw_error("moe fp8: sparse tiles need the rows' largest scales (moe_row_max_scale)");
     const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
     moe_fp8_k<kFc1><<<dim3(p.max_tiles, (p.N + kRows - 1) / kRows), kThreads, smem, s>>>(p);
   } else if (p.tile_rows == kMoeTileRowsFp8Wide) {
@@ -568,6 +590,12 @@ void moe_quant_fp8(const uint16_t* x, int T, int K, uint8_t* xq, float* xinv, cu
   if (T <= 0) return;
   if (K % 32) throw_error("moe fp8: K must be a multiple of 32");
   quant_k<<<T, 256, 0, s>>>(x, K, xq, xinv);
+  MX_CUDA(cudaGetLastError());
+}
+void moe_row_max_scale(const uint8_t* scales, size_t rows, int G, uint8_t* out, cudaStream_t s) {
+  if (rows == 0) return;
+  if (G <= 0) throw_error("moe_row_max_scale: G must be positive");
+  row_max_k<<<unsigned((rows + 255) / 256), 256, 0, s>>>(scales, rows, G, out);
   MX_CUDA(cudaGetLastError());
 }
 void moe_fc1_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_fp8<true>(p, s); }

@@ -81,6 +81,7 @@ struct MoeGemmPrefillParams {
   const uint8_t* xq = nullptr;      // e4m3 hi/lo rows [rows, moe_fp8_row_bytes(K)]
   const float* xinv = nullptr;      // FC1: [T] 2^-xs of each token's hi/lo rows
   uint8_t* act_q = nullptr;         // FC1 out: [T*k, moe_fp8_row_bytes(N / 2)] (sorted rows)
+  const uint8_t* row_smax = nullptr;  // sparse tiles: [E, N] each weight row's largest scale (moe_row_max_scale)
 };
 void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
 void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
@@ -107,6 +108,9 @@ inline size_t moe_fp8_row_bytes(int K) { return 2 * size_t(moe_fp8_kpad(K)); }
 bool moe_fp8_available();  // the current device runs the sm_90a kernels
 // xq [T, moe_fp8_row_bytes(K)] and xinv [T] from bf16 x [T, K] (one power-of-two scale a row).
 void moe_quant_fp8(const uint16_t* x, int T, int K, uint8_t* xq, float* xinv, cudaStream_t s);
+// out [rows] = the largest of each row's G E8M0 scales (scales [rows, G]): the FP8 path's per-row
+// reference, found once when the weights are loaded.
+void moe_row_max_scale(const uint8_t* scales, size_t rows, int G, uint8_t* out, cudaStream_t s);
 void moe_fc1_fp8(const MoeGemmPrefillParams& p, cudaStream_t s);
 void moe_fc2_fp8(const MoeGemmPrefillParams& p, cudaStream_t s);
 

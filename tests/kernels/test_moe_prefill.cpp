@@ -50,6 +50,26 @@ TEST(MoeFp8Order, ValueInvertsPos) {
   for (int p = 0; p < 128 * 512; ++p) ASSERT_EQ(moe_fp8_pos(moe_fp8_value(p)), p);
 }
 
+// Each row's largest E8M0 scale (exact): rows of 1, 3, 45 and 90 groups, a row count off the block size.
+TEST(MoeRowMaxScale, MatchesHost) {
+  std::mt19937 g(3);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (const int G : {1, 3, 45, 90}) {
+    const size_t rows = 1000 + G;
+    std::vector<uint8_t> sc(rows * G);
+    for (auto& x : sc) x = uint8_t(byte(g));
+    std::vector<uint8_t> want(rows);
+    for (size_t r = 0; r < rows; ++r) want[r] = *std::max_element(sc.begin() + r * G, sc.begin() + (r + 1) * G);
+    uint8_t* d = to_dev(sc);
+    uint8_t* out = dev<uint8_t>(rows);
+    moe_row_max_scale(d, rows, G, out, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(to_host(out, rows), want) << "G = " << G;
+    cudaFree(d);
+    cudaFree(out);
+  }
+}
+
 class MoePrefill : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MoePrefill, MatchesReference) {
@@ -123,12 +143,16 @@ TEST_P(MoePrefill, MatchesReference) {
   f.act = dev<uint16_t>(size_t(T) * k * I); f.N = 2 * I; f.K = H;
   uint8_t* xq = nullptr;
   float* xinv = nullptr;
+  uint8_t *smax1 = nullptr, *smax2 = nullptr;  // the rows' largest scales (the engine finds them at load)
   if (c.fp8) {  // scratch filled with 0xff (e4m3 NaN): every byte a kernel reads must have been written
     xq = dev<uint8_t>(size_t(T) * moe_fp8_row_bytes(H));
     xinv = dev<float>(T);
     f.act_q = dev<uint8_t>(size_t(T) * k * moe_fp8_row_bytes(I));
     moe_quant_fp8(f.x, T, H, xq, xinv, nullptr);
     f.xq = xq; f.xinv = xinv;
+    smax1 = dev<uint8_t>(size_t(E) * 2 * I);
+    moe_row_max_scale(f.scales, size_t(E) * 2 * I, H / 32, smax1, nullptr);
+    f.row_smax = smax1;
     moe_fc1_fp8(f, nullptr);
   } else {
     moe_fc1_prefill(f, nullptr);
@@ -136,8 +160,14 @@ TEST_P(MoePrefill, MatchesReference) {
   MoeGemmPrefillParams f2 = f;
   f2.blocks = to_dev(b2); f2.scales = to_dev(s2); f2.bias = to_dev(bias2); f2.x = f.act; f2.xq = f.act_q;
   f2.y_slot = dev<float>(size_t(T) * k * H); f2.N = H; f2.K = I;
-  if (c.fp8) moe_fc2_fp8(f2, nullptr);
-  else moe_fc2_prefill(f2, nullptr);
+  if (c.fp8) {
+    smax2 = dev<uint8_t>(size_t(E) * H);
+    moe_row_max_scale(f2.scales, size_t(E) * H, I / 32, smax2, nullptr);
+    f2.row_smax = smax2;
+    moe_fc2_fp8(f2, nullptr);
+  } else {
+    moe_fc2_prefill(f2, nullptr);
+  }
   float* dres = to_dev(resid);
   moe_combine_prefill(f2.y_slot, dres, T, k, H, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -159,7 +189,7 @@ TEST_P(MoePrefill, MatchesReference) {
                   (void*)r.sorted_slot, (void*)r.sorted_w, (void*)r.tile_expert, (void*)r.tile_row0, (void*)r.num_tiles,
                   (void*)f.blocks, (void*)f.scales, (void*)f.bias, (void*)f.x, (void*)f.act, (void*)f2.blocks,
                   (void*)f2.scales, (void*)f2.bias, (void*)f2.y_slot, (void*)dres, (void*)xq, (void*)xinv,
-                  (void*)f.act_q})
+                  (void*)f.act_q, (void*)smax1, (void*)smax2})
     cudaFree(p);
 }
 
