@@ -20,6 +20,7 @@
 #include "kernels/engine/forward.h"
 #include "kernels/engine/memory_plan.h"
 #include "kernels/engine/probe.h"
+#include "kernels/engine/step_wait.h"
 #include "model/sampler.h"
 
 namespace mx {
@@ -96,6 +97,7 @@ class CudaRunner final : public CudaRunnerBase {
   void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
   StepView view(const StepPlan& pl) const;
   void run_decode_graph(const StepPlan& pl);
+  void wait_step(const StepPlan& pl);  // until the step's last kernel is done
 
   CudaEngineOptions opt_;
   ModelConfig cfg_;
@@ -116,6 +118,8 @@ class CudaRunner final : public CudaRunnerBase {
   cudaEvent_t done_[2]{}, copied_[2]{};
   int32_t* hmeta_block_ = nullptr;
   int parity_ = 0;            // of the step being enqueued
+  StepWait::Clock::time_point enqueued_at_[2]{};
+  StepWait wait_;
   DecodeAhead ahead_;
   DecodeGraphs graphs_;
   int vocab_limit_ = 0;       // ids >= this (beyond the tokenizer) are never sampled

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -199,10 +200,28 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
                               stream_));
   }
   MX_CUDA(cudaEventRecord(done_[pl.parity], stream_));
+  enqueued_at_[pl.parity] = StepWait::Clock::now();
+}
+
+// Graph steps are short and run ahead: they spin. Longer steps sleep first, in slices that look at the
+// event, so a wrong estimate costs at most a slice (step_wait.h).
+void CudaRunner::wait_step(const StepPlan& pl) {
+  using Clock = StepWait::Clock;
+  const Clock::time_point t0 = enqueued_at_[pl.parity], wake = wait_.wake_at(pl.M, t0);
+  bool late = false;
+  if (!pl.graph && pl.M > 0)
+    for (Clock::time_point now = Clock::now(); now < wake && !late; now = Clock::now()) {
+      std::this_thread::sleep_for(std::min<Clock::duration>(wake - now, StepWait::kSlice));
+      const cudaError_t q = cudaEventQuery(done_[pl.parity]);
+      late = q == cudaSuccess;
+      if (q == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: keep it out of the next check
+    }
+  MX_CUDA(cudaEventSynchronize(done_[pl.parity]));
+  if (!pl.graph && pl.M > 0) wait_.record(pl.M, Clock::now() - t0, late);
 }
 
 void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out) {
-  MX_CUDA(cudaEventSynchronize(done_[pl.parity]));
+  wait_step(pl);
   last_sampled_ = pl.S;
   if (pl.M == 0) return;
   if (probe_.profiling) probe_.profile = probe_.collect();
