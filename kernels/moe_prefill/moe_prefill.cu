@@ -27,30 +27,67 @@ __global__ void route_count_kernel(MoeRouteParams p) {
   }
 }
 
+constexpr int kRouteThreads = 256, kRouteMaxE = 1024;
+
+// Exclusive prefix of v over the block (kRouteThreads threads); total: the sum over the block.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_tot[warp] = x;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+  for (int w = 0; w < kRouteThreads / 32; ++w) {
+    before += w < warp ? warp_tot[w] : 0;
+    total += warp_tot[w];
+  }
+  __syncthreads();  // warp_tot is free again
+  return before + x - v;
+}
+
 // One block (256 threads) per expert: stable compaction of that expert's entries in (token, slot) order.
-__global__ void route_scatter_kernel(MoeRouteParams p) {
-  __shared__ int warp_cnt[8];
+// The experts' offsets and (block 0) the tile list come from a parallel scan of the counts: one thread
+// walking them was ~25 us a layer of serial L2 reads (docs/perf.md, session 31).
+__global__ void __launch_bounds__(kRouteThreads) route_scatter_kernel(MoeRouteParams p) {
+  __shared__ int warp_cnt[kRouteThreads / 32], warp_tot[kRouteThreads / 32];
   __shared__ int base;
   const int e = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (tid == 0) {
-    int off = 0;
-    for (int i = 0; i < e; ++i) off += p.counts[i];
-    base = off;
-    p.offsets[e] = off;
-    if (e == p.E - 1) p.offsets[p.E] = off + p.counts[e];
-    if (e == 0) {  // tile list over all experts (E is small)
-      int n = 0, o = 0;
-      for (int x = 0; x < p.E; ++x) {
-        const bool held = x >= p.expert_lo && x < p.expert_hi;
-        for (int r = 0; held && r < p.counts[x] && n < p.max_tiles; r += p.tile_rows) {
-          p.tile_expert[n] = x;
-          p.tile_row0[n] = o + r;
-          ++n;
-        }
-        o += p.counts[x];
-      }
-      *p.num_tiles = n;
+  // Thread tid holds experts [x0, x1): their rows and (held experts) tiles.
+  const int per = (p.E + kRouteThreads - 1) / kRouteThreads, x0 = min(p.E, tid * per), x1 = min(p.E, x0 + per);
+  int cnt[kRouteMaxE / kRouteThreads], rows = 0, tiles = 0;
+#pragma unroll
+  for (int j = 0; j < kRouteMaxE / kRouteThreads; ++j) {
+    const int x = x0 + j;
+    cnt[j] = x < x1 ? p.counts[x] : 0;
+    rows += cnt[j];
+    const bool held = x >= p.expert_lo && x < p.expert_hi;
+    tiles += held ? (cnt[j] + p.tile_rows - 1) / p.tile_rows : 0;
+  }
+  int all_rows = 0, all_tiles = 0;
+  int o = block_exclusive_scan(rows, warp_tot, all_rows);
+  int n = block_exclusive_scan(tiles, warp_tot, all_tiles);
+#pragma unroll
+  for (int j = 0; j < kRouteMaxE / kRouteThreads; ++j) {
+    const int x = x0 + j;
+    if (x >= x1) break;
+    if (x == e) {
+      base = o;
+      p.offsets[e] = o;
     }
+    if (e == 0 && x >= p.expert_lo && x < p.expert_hi)
+      for (int r = 0; r < cnt[j] && n < p.max_tiles; r += p.tile_rows, ++n) {
+        p.tile_expert[n] = x;
+        p.tile_row0[n] = o + r;
+      }
+    o += cnt[j];
+  }
+  if (e == 0 && tid == 0) {
+    p.offsets[p.E] = all_rows;
+    *p.num_tiles = min(all_tiles, p.max_tiles);
   }
   __syncthreads();
   const int total = p.T * p.k;
@@ -267,8 +304,9 @@ __global__ void moe_combine_kernel(const float* y, float* resid, int k, int H, c
 
 void moe_route_prefill(const MoeRouteParams& p, cudaStream_t s) {
   if (p.T <= 0) return;
+  if (p.E > kRouteMaxE) throw_error("moe route: at most 1024 experts");
   route_count_kernel<<<p.E, 256, 0, s>>>(p);
-  route_scatter_kernel<<<p.E, 256, 0, s>>>(p);
+  route_scatter_kernel<<<p.E, kRouteThreads, 0, s>>>(p);
 }
 
 // Grid x walks the tile list (the tiles of one expert are adjacent, so they share the expert's
