@@ -145,7 +145,7 @@ __global__ void quant_k(const uint16_t* x, int K, uint8_t* xq, float* xinv) {
 // Both kernels' output: acc[4j + c] is column 8j + 2t (hi) or + 1 (lo) = token 4j + t, weight row rA for
 // c < 2, rA + 1 for c >= 2; FC1 writes SwiGLU as hi/lo e4m3 (act_q), FC2 the weighted rows (y_slot).
 // EpiIn holds what the epilogue reads from global memory, read all at once before it (overlapped round
-// trips; read before the sparse kernel's main loop instead, it cost that kernel 3 %: docs/perf.md).
+// trips; read before the sparse kernel's main loop instead, it was slower: docs/perf.md, session 31).
 template <int kJ>
 struct EpiIn {
   float bA, bB, xw[kJ];  // the rows' biases; per token: FC1 2^-xs, FC2 the gate weight

@@ -51,7 +51,7 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_tot, int& t
 
 // One block (256 threads) per expert: stable compaction of that expert's entries in (token, slot) order.
 // The experts' offsets and (block 0) the tile list come from a parallel scan of the counts: one thread
-// walking them was ~25 us a layer of serial L2 reads (docs/perf.md, session 31).
+// walking them was a chain of serial L2 reads (docs/perf.md, session 31).
 __global__ void __launch_bounds__(kRouteThreads) route_scatter_kernel(MoeRouteParams p) {
   __shared__ int warp_cnt[kRouteThreads / 32], warp_tot[kRouteThreads / 32];
   __shared__ int base;
