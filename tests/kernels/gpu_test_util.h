@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -33,6 +34,21 @@ struct DevBuf {
   }
   void poison() { cudaMemset(p, 0xff, n * sizeof(T)); }  // NaN for floats and bf16
 };
+
+// A device copy of v (cudaFree it), and n values back from the device.
+template <class T>
+T* to_dev(const std::vector<T>& v) {
+  T* p = nullptr;
+  EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, v.size()) * sizeof(T)), cudaSuccess);
+  if (!v.empty()) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+template <class T>
+std::vector<T> from_dev(const T* p, size_t n) {
+  std::vector<T> v(n);
+  cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+  return v;
+}
 
 inline std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
   std::uniform_real_distribution<float> u(lo, hi);

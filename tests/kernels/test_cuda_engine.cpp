@@ -57,6 +57,33 @@ mx::CudaEngineOptions small_options(const std::string& dir, int nseq, int len, i
   return opt;
 }
 
+// Step st of the runs below: sequence s gives its P + s prompt tokens first, then one token a step. The
+// sliding tables get -1 before each step's window, as the engine passes once it has given those blocks
+// back: they must never be read. Sampled rows are seeded per sequence.
+std::vector<mx::SeqStep> e2e_step(const mx::KvCacheShape& kv, int st, int P, const std::vector<std::vector<int32_t>>& toks,
+                                  const std::vector<std::vector<int32_t>>& bt, const std::vector<std::vector<int32_t>>& sw,
+                                  std::vector<std::vector<int32_t>>& sw_step, std::vector<int>& done, float temperature) {
+  const int nseq = int(toks.size());
+  std::vector<mx::SeqStep> seqs(nseq);
+  for (int s = 0; s < nseq; ++s) {
+    const int n = st == 0 ? P + s : 1;
+    seqs[s].seq_id = s;
+    seqs[s].tokens = std::span<const int32_t>(toks[s].data() + done[s], n);
+    seqs[s].start_pos = done[s];
+    seqs[s].block_table = bt[s];
+    sw_step[s] = sw[s];
+    const int first = mx::sliding_first_block(kv, done[s]);
+    for (int b = 0; b < first; ++b) sw_step[s][size_t(b)] = -1;
+    seqs[s].sliding_table = sw_step[s];
+    seqs[s].sample = true;
+    seqs[s].sampling.temperature = temperature;
+    seqs[s].sampling.seed = 1000 + uint64_t(s);
+    seqs[s].rng_step = uint64_t(st);
+    done[s] += n;
+  }
+  return seqs;
+}
+
 E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, double tol = 2e-2,
                   int prefill_min_tokens = 1 << 30, bool flash = true, bool fp8 = false, int step_min_tokens = 6,
                   const mx::DenseQuant& dense = {}, int tp = 1, mx::MoeSplit moe = mx::MoeSplit::kIntermediate,
@@ -90,8 +117,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   std::vector<std::vector<int32_t>> bt(nseq);
   for (int s = 0; s < nseq; ++s)  // non-contiguous, interleaved blocks
     for (int b = 0; b < nblk; ++b) bt[s].push_back((nblk - 1 - b) * nseq + s + 5);
-  // The sliding layers' blocks come after them. The GPU steps get -1 before each step's window, as
-  // the engine passes once it has given those blocks back: they must never be read.
+  // The sliding layers' blocks come after them (e2e_step masks those before each step's window).
   std::vector<std::vector<int32_t>> sw(nseq);
   for (int s = 0; s < nseq; ++s)
     for (int b = 0; b < nblk; ++b) sw[s].push_back(nblk * nseq + 5 + b * nseq + s);
@@ -110,21 +136,7 @@ E2eResult run_e2e(const char* preset, int nseq, int P, int steps, bool graphs, d
   E2eResult res;
   std::vector<int> done(nseq, 0);
   for (int st = 0; st <= steps; ++st) {
-    std::vector<mx::SeqStep> seqs(nseq);
-    for (int s = 0; s < nseq; ++s) {
-      const int n = st == 0 ? P + s : 1;
-      seqs[s].seq_id = s;
-      seqs[s].tokens = std::span<const int32_t>(toks[s].data() + done[s], n);
-      seqs[s].start_pos = done[s];
-      seqs[s].block_table = bt[s];
-      sw_step[s] = sw[s];
-      const int first = mx::sliding_first_block(gpu->kv_shape(), done[s]);
-      for (int b = 0; b < first; ++b) sw_step[s][size_t(b)] = -1;
-      seqs[s].sliding_table = sw_step[s];
-      seqs[s].sample = true;
-      seqs[s].sampling.temperature = 0;
-      done[s] += n;
-    }
+    const std::vector<mx::SeqStep> seqs = e2e_step(gpu->kv_shape(), st, P, toks, bt, sw, sw_step, done, 0.f);
     std::vector<mx::SampleResult> out(nseq);
     gpu->step(seqs, out);
     for (int s = 0; s < nseq; ++s) {
@@ -333,23 +345,7 @@ std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperatu
   std::vector<mx::SampleResult> picks;
   std::vector<int> done(nseq, 0);
   for (int st = 0; st <= steps; ++st) {
-    std::vector<mx::SeqStep> seqs(nseq);
-    for (int s = 0; s < nseq; ++s) {
-      const int n = st == 0 ? P + s : 1;
-      seqs[s].seq_id = s;
-      seqs[s].tokens = std::span<const int32_t>(toks[s].data() + done[s], n);
-      seqs[s].start_pos = done[s];
-      seqs[s].block_table = bt[s];
-      sw_step[s] = sw[s];
-      const int first = mx::sliding_first_block(gpu->kv_shape(), done[s]);
-      for (int b = 0; b < first; ++b) sw_step[s][size_t(b)] = -1;
-      seqs[s].sliding_table = sw_step[s];
-      seqs[s].sample = true;
-      seqs[s].sampling.temperature = temperature;
-      seqs[s].sampling.seed = 1000 + uint64_t(s);
-      seqs[s].rng_step = uint64_t(st);
-      done[s] += n;
-    }
+    const std::vector<mx::SeqStep> seqs = e2e_step(gpu->kv_shape(), st, P, toks, bt, sw, sw_step, done, temperature);
     std::vector<mx::SampleResult> out(nseq);
     gpu->step(seqs, out);
     picks.insert(picks.end(), out.begin(), out.end());

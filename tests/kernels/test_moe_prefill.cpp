@@ -12,29 +12,18 @@
 
 #include "core/bf16.h"
 #include "kernels/moe_prefill/moe_prefill.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace mx::cuda {
 namespace {
 
-template <class T>
-T* to_dev(const std::vector<T>& h) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)), cudaSuccess);
-  if (!h.empty()) cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
+using mx::test::to_dev;
 template <class T>
 T* dev(size_t n, int fill = 0xff) {
   T* d = nullptr;
   EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, n) * sizeof(T)), cudaSuccess);
   cudaMemset(d, fill, std::max<size_t>(1, n) * sizeof(T));
   return d;
-}
-template <class T>
-std::vector<T> to_host(const T* d, size_t n) {
-  std::vector<T> h(n);
-  cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return h;
 }
 
 // tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64 (bf16) or 128 (fp8).
@@ -64,7 +53,7 @@ TEST(MoeRowMaxScale, MatchesHost) {
     uint8_t* out = dev<uint8_t>(rows);
     moe_row_max_scale(d, rows, G, out, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(to_host(out, rows), want) << "G = " << G;
+    EXPECT_EQ(mx::test::from_dev(out, rows), want) << "G = " << G;
     cudaFree(d);
     cudaFree(out);
   }
@@ -122,8 +111,8 @@ TEST_P(MoePrefill, MatchesReference) {
   moe_route_prefill(r, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   {  // routing is exact: stable per-expert order
-    auto off = to_host(r.offsets, E + 1);
-    auto slot = to_host(r.sorted_slot, T * k);
+    auto off = mx::test::from_dev(r.offsets, E + 1);
+    auto slot = mx::test::from_dev(r.sorted_slot, T * k);
     std::vector<int> expect;
     for (int e = 0; e < E; ++e) {
       EXPECT_EQ(off[e], int(expect.size()));
@@ -133,7 +122,7 @@ TEST_P(MoePrefill, MatchesReference) {
     EXPECT_EQ(slot, expect);
     int tiles = 0;  // each expert's rows in tiles of tile_rows
     for (int e = 0; e < E; ++e) tiles += (off[e + 1] - off[e] + tile_rows - 1) / tile_rows;
-    EXPECT_EQ(to_host(r.num_tiles, 1)[0], tiles);
+    EXPECT_EQ(mx::test::from_dev(r.num_tiles, 1)[0], tiles);
   }
   MoeGemmPrefillParams f;
   f.sorted_tok = r.sorted_tok; f.sorted_slot = r.sorted_slot; f.sorted_w = r.sorted_w; f.offsets = r.offsets;
@@ -171,7 +160,7 @@ TEST_P(MoePrefill, MatchesReference) {
   float* dres = to_dev(resid);
   moe_combine_prefill(f2.y_slot, dres, T, k, H, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto got = to_host(dres, resid.size());
+  auto got = mx::test::from_dev(dres, resid.size());
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double dr = ref[i] - resid[i], dg = got[i] - resid[i];

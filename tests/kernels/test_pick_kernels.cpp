@@ -14,22 +14,12 @@
 #include "kernels/decode/decode_kernels.h"
 #include "kernels/decode/decode_gemv.h"
 #include "model/sampler.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace {
 
-template <class T>
-T* to_dev(const std::vector<T>& v) {
-  T* p = nullptr;
-  EXPECT_EQ(cudaMalloc(&p, v.size() * sizeof(T)), cudaSuccess);
-  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return p;
-}
-template <class T>
-std::vector<T> from_dev(const T* p, size_t n) {
-  std::vector<T> v(n);
-  cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return v;
-}
+using mx::test::from_dev;
+using mx::test::to_dev;
 
 class ArgmaxRows : public ::testing::TestWithParam<int> {};  // V: 5003 scalar path, 5004 vector path
 
