@@ -73,11 +73,10 @@ int CudaBenchHooks::last_step_trace_kind() const { return r_.probe_.trace_kind; 
 
 double CudaBenchHooks::replay_decode_graph_ms(int M, int n) {
   const StepPlan& pl = r_.plans_[r_.parity_];
-  if (M < 1 || M > cuda::kDecodeMaxTokens || pl.M != M || !pl.graph ||
-      !r_.graphs_.at({M, pl.attn_long, pl.parity, r_.view(pl).full_logits}))
+  if (M < 1 || M > cuda::kDecodeMaxTokens || pl.M != M || !pl.graph || !r_.graphs_.at(r_.graph_key(pl)))
     fail("no decode graph for the last step of {} tokens", M);
   r_.ahead_.active = false;  // the replays reuse its result slots
-  cudaGraphExec_t g = r_.graphs_.at({M, pl.attn_long, pl.parity, r_.view(pl).full_logits});
+  cudaGraphExec_t g = r_.graphs_.at(r_.graph_key(pl));
   cudaEvent_t a, b;
   MX_CUDA(cudaEventCreate(&a));
   MX_CUDA(cudaEventCreate(&b));

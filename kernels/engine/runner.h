@@ -97,6 +97,9 @@ class CudaRunner final : public CudaRunnerBase {
   void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
   StepView view(const StepPlan& pl) const;
   void run_decode_graph(const StepPlan& pl);
+  // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.
+  bool full_logits(const StepPlan& pl) const { return opt_.tp.size > 1 && (pl.filters || pl.need_logits); }
+  GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl)}; }
   void wait_step(const StepPlan& pl);  // until the step's last kernel is done
 
   CudaEngineOptions opt_;

@@ -148,7 +148,7 @@ StepView CudaRunner::view(const StepPlan& pl) const {
   v.results = res_dev_ + size_t(pl.parity) * 2 * plan_.S;
   v.num_sampled = pl.S;
   v.attn_long = pl.attn_long;
-  v.full_logits = opt_.tp.size > 1 && (pl.filters || pl.need_logits);
+  v.full_logits = full_logits(pl);
   return v;
 }
 
@@ -310,7 +310,7 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
 }
 
 void CudaRunner::run_decode_graph(const StepPlan& pl) {
-  cudaGraphExec_t& exec = graphs_.at({pl.M, pl.attn_long, pl.parity, view(pl).full_logits});
+  cudaGraphExec_t& exec = graphs_.at(graph_key(pl));
   if (!exec) {
     cudaGraph_t g = nullptr;
     MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
