@@ -39,8 +39,9 @@ struct AttnDecodeParams {
   // Query heads per CTA (8, 4, 2 or 1): fewer shorten each CTA's chain of dependent math
   // (attention_decode_body.cuh); see attention_decode_heads_per_cta.
   int heads_per_cta = 8;
-  // attention_decode_mma only: the grid's key splits a query, 0 = kAttnMmaSplits. A caller that knows
-  // every query's keys may pass the most attention_decode_mma_splits gives, so no CTA launches idle.
+  // attention_decode_mma only: the grid's key splits a query, 0 = kAttnMmaSplits; each query is cut into
+  // at most this many (attention_decode_mma_splits(keys, splits)). A caller that knows every query's keys
+  // may pass the most attention_decode_mma_splits gives, so no CTA launches idle, or fewer (longer splits).
   int splits = 0;
   // attention_decode_mma only: key rows a pass holds (a multiple of 32, at least 32, at most
   // kAttnMmaKeys; 0 = kAttnMmaKeys). Fewer rows need less shared memory, so more CTAs share an SM; a
@@ -66,7 +67,8 @@ inline int attention_decode_heads_per_cta(int window) { return window > 0 ? 1 : 
 void attention_decode(const AttnDecodeParams& p, cudaStream_t s);
 
 // The same attention on tensor cores for full-context layers (attention_decode_mma.cu): one CTA per (KV
-// head, token, split) with all 8 query heads, kAttnMmaSplits splits of at least 64 keys, each split's K/V
+// head, token, split) with all 8 query heads, up to kAttnMmaSplits splits of at least 64 keys (the launch's
+// splits: fewer for wide steps, attention_decode_mma_wide_splits), each split's K/V
 // copied into shared memory (kAttnMmaKeys rows at a time; kv_stable: before the PDL wait). Any context
 // length is correct; past attention_decode_mma_max_keys() a split takes several passes, and the register
 // kernel's 32 splits are the faster choice. Needs D == 64, Hq == 8 * Hkv, and the launches' uniform
@@ -80,14 +82,23 @@ constexpr size_t kAttnMmaRecordWords = kAttnMmaSplits * kAttnMmaPartialWords + 2
 inline size_t attention_decode_mma_scratch_words(int M, int Hkv) { return size_t(M) * Hkv * kAttnMmaRecordWords; }
 constexpr int attention_decode_mma_max_keys() { return kAttnMmaSplits * kAttnMmaKeys; }
 constexpr int kAttnMmaMinKeysPerSplit = 64;  // short contexts take fewer splits
-// A query over `keys` keys: keys a split (whole 32-key chunks) and splits (at most kAttnMmaSplits).
-__host__ __device__ constexpr int attention_decode_mma_keys_per_split(int keys) {
-  const int even = ((keys + kAttnMmaSplits - 1) / kAttnMmaSplits + 31) / 32 * 32;
+// A query over `keys` keys cut into at most `splits` splits: keys a split (whole 32-key chunks) and
+// splits. The kernel cuts each query for its grid's splits; the launch's splits being the most any of its
+// queries takes at kAttnMmaSplits, every query is cut as at kAttnMmaSplits.
+__host__ __device__ constexpr int attention_decode_mma_keys_per_split(int keys, int splits = kAttnMmaSplits) {
+  const int even = ((keys + splits - 1) / splits + 31) / 32 * 32;
   return even > kAttnMmaMinKeysPerSplit ? even : kAttnMmaMinKeysPerSplit;
 }
-__host__ __device__ constexpr int attention_decode_mma_splits(int keys) {
-  const int per = attention_decode_mma_keys_per_split(keys);
+__host__ __device__ constexpr int attention_decode_mma_splits(int keys, int splits = kAttnMmaSplits) {
+  const int per = attention_decode_mma_keys_per_split(keys, splits);
   return (keys + per - 1) / per;
+}
+// A wide step launches rows x KV heads x splits CTAs: splits are capped so that the launch has about this
+// many CTAs (each split's partial is written, and merged by the last; many rows fill the GPU without them).
+constexpr int kAttnMmaWideCtas = 1024;
+inline int attention_decode_mma_wide_splits(int rows, int Hkv) {
+  const int cap = kAttnMmaWideCtas / (rows * Hkv);
+  return cap < 1 ? 1 : cap > kAttnMmaSplits ? kAttnMmaSplits : cap;
 }
 void attention_decode_mma(const AttnDecodeParams& p, cudaStream_t s);
 

@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_mma_k(AttnDecodeParams p
   const int n = p.rows ? p.rows[qi] : qi;
   if (tid == 0) l2_prefetch_keep(p.sinks + kvh * G, G * 2);  // read by the merge
   const int pos = ld_keep(p.pos + n), lo = p.window > 0 ? max(0, pos - p.window + 1) : 0, nk = pos - lo + 1;
-  const int per = attention_decode_mma_keys_per_split(nk), nsplit = (nk + per - 1) / per;
+  const int per = attention_decode_mma_keys_per_split(nk, gridDim.z), nsplit = (nk + per - 1) / per;
   // A split past the context leaves before the wait and is not counted by the ticket.
   if (split >= nsplit) {
     trace_end(p.trace, 1);

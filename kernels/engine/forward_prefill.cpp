@@ -135,21 +135,25 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
 }
 
 // The tensor-core decode attention serves a prefill step's single-token rows (flash prefill on: the
-// rows are one a sequence, as many as the scratch holds) when every full-layer context fits its one
-// pass; the splits are the most any of those rows uses (0: the register kernel).
+// rows are one a sequence, as many as the scratch holds) unless a full-layer context is past
+// attention_decode_mma_max_keys() (0: the register kernel); the splits are the most any of those rows
+// uses at the wide step's cap (a capped split may take several passes; timed to depth ~2k only, see
+// docs/perf.md session 32).
 Forward::DecodeRowSplits Forward::decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs,
                                                     int n_decode) const {
   DecodeRowSplits r;
   if (!mma_attention_ || !opt_.flash_prefill_attention || n_decode == 0) return r;
   const int window = model_.cfg.sliding_window;
+  // Many rows fill the GPU without splitting each: fewer, longer splits (attention_decode_mma_wide_splits).
+  const int most = cuda::attention_decode_mma_wide_splits(n_decode, shape_.Hkv);
   for (const SeqRows& q : seqs) {
     if (q.n != 1) continue;
     const int keys = st.host->pos[q.row] + 1, sw_keys = std::min(keys, window);
-    r.full = std::max(r.full, cuda::attention_decode_mma_splits(keys));
-    r.full_keys = std::max(r.full_keys, cuda::attention_decode_mma_keys_per_split(keys));
+    r.full = std::max(r.full, cuda::attention_decode_mma_splits(keys, most));
+    r.full_keys = std::max(r.full_keys, cuda::attention_decode_mma_keys_per_split(keys, most));
     if (window > 0) {
-      r.sliding = std::max(r.sliding, cuda::attention_decode_mma_splits(sw_keys));
-      r.sliding_keys = std::max(r.sliding_keys, cuda::attention_decode_mma_keys_per_split(sw_keys));
+      r.sliding = std::max(r.sliding, cuda::attention_decode_mma_splits(sw_keys, most));
+      r.sliding_keys = std::max(r.sliding_keys, cuda::attention_decode_mma_keys_per_split(sw_keys, most));
     }
   }
   if (st.attn_long) r.full = 0;  // a context past one pass: the register kernel's 32 splits

@@ -477,12 +477,15 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
   // Every head grouping, with and without the older keys read before the wait (kv_stable: each query is
   // its own sequence here), then the tensor-core kernel (D = 64) with all its splits and with only
   // those the longest context uses (the engine's wide steps: passes sized to the longest split, or
-  // 32-key passes); the second launch of each checks the tickets were reset.
-  int splits = 0, pass = 0;
+  // 32-key passes), then with fewer splits than the contexts take (1 and 3: longer splits, more passes);
+  // the second launch of each checks the tickets were reset.
+  int splits = 0, pass = 0, pass1 = 0, pass3 = 0;
   for (int pos : positions) {
     const int keys = window ? std::min(pos + 1, window) : pos + 1;
     splits = std::max(splits, cuda::attention_decode_mma_splits(keys));
     pass = std::max(pass, std::min(cuda::kAttnMmaKeys, cuda::attention_decode_mma_keys_per_split(keys)));
+    pass1 = std::max(pass1, std::min(cuda::kAttnMmaKeys, cuda::attention_decode_mma_keys_per_split(keys, 1)));
+    pass3 = std::max(pass3, std::min(cuda::kAttnMmaKeys, cuda::attention_decode_mma_keys_per_split(keys, 3)));
   }
   std::vector<double> want(size_t(M) * Hq * D);
   for (int m = 0; m < M; ++m) {
@@ -510,11 +513,11 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
       }
     }
   }
-  const int runs = D == 64 ? 22 : 16;
+  const int runs = D == 64 ? 26 : 16;
   for (int run = 0; run < runs; ++run) {
     const bool mma = run >= 16;
     const int heads = mma ? 8 : 8 >> (run / 4);
-    const bool kv_stable = (run / 2) & 1;
+    const bool kv_stable = run >= 22 ? run % 2 == 1 : (run / 2) & 1;  // capped splits: both ways
     SCOPED_TRACE(std::string(mma ? "tensor cores" : "heads_per_cta " + std::to_string(heads)) +
                  (kv_stable ? ", kv_stable" : ""));
     dout.poison();
@@ -525,8 +528,9 @@ void check_attention(int D, int Hkv, std::vector<int> positions, int window, uin
     p.mma_partials = dmma.p;
     p.M = M; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.kv.block_size = bs; p.window = window; p.heads_per_cta = heads;
     p.kv_stable = kv_stable;
-    p.splits = run >= 20 ? splits : 0;
-    p.pass_keys = run >= 20 ? (run == 20 ? pass : 32) : 0;  // one pass a split, or many short ones
+    p.splits = run >= 24 ? 3 : run >= 22 ? 1 : run >= 20 ? splits : 0;
+    const int fit = run >= 24 ? pass3 : run >= 22 ? pass1 : pass;
+    p.pass_keys = run >= 20 ? (run % 2 == 0 ? fit : 32) : 0;  // passes sized to the longest split, or 32 keys
     if (mma) cuda::attention_decode_mma(p, 0);
     else cuda::attention_decode(p, 0);
     auto out = dout.get();
