@@ -28,6 +28,8 @@ __global__ void rmsnorm_k(const float* x, const int32_t* rows, const uint16_t* g
   const int m = blockIdx.x;
   const float* xr = x + size_t(rows ? rows[m] : m) * H;
   float ss = 0;
+  // Unrolled so a thread's loads of the row are in flight together (same sum order).
+#pragma unroll 4
   for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
   __shared__ float red[32];
   ss = warp_sum(ss);
@@ -40,17 +42,22 @@ __global__ void rmsnorm_k(const float* x, const int32_t* rows, const uint16_t* g
   }
   __syncthreads();
   const float r = rsqrtf(red[0] / H + eps);
+#pragma unroll 4
   for (int i = threadIdx.x; i < H; i += blockDim.x) y[size_t(m) * H + i] = to_bf(bf(g[i]) * (xr[i] * r));
 }
 
+// A thread an item (grid: tokens x items / 256): a rotated pair of a q or k head, or a v element; a wide
+// decode step's few tokens would otherwise give each thread a chain of dependent round trips.
 __global__ void rope_kv_k(RopeKvParams p) {
   const int m = blockIdx.x, D = p.D, half = D / 2;
+  const int rot = (p.Hq + p.Hkv) * half, t = blockIdx.y * blockDim.x + threadIdx.x;
+  if (t >= rot + p.Hkv * D) return;
   const int qkv_dim = (p.Hq + 2 * p.Hkv) * D;
   float* q = p.qkv + size_t(m) * qkv_dim;
-  const float pos = float(p.pos[m]);
   const size_t crow = size_t(p.slot[m]) * p.Hkv * D;
   // heads 0..Hq-1 are q, Hq..Hq+Hkv-1 are k (rotated and cached), then v (cached as is).
-  for (int t = threadIdx.x; t < (p.Hq + p.Hkv) * half; t += blockDim.x) {
+  if (t < rot) {
+    const float pos = float(p.pos[m]);
     const int h = t / half, i = t % half;
     float ang = pos * p.inv_freq[i];
     float sn, cs;
@@ -76,11 +83,11 @@ __global__ void rope_kv_k(RopeKvParams p) {
         p.kv.k_bf16()[o + i + half] = to_bf(y2);
       }
     }
-  }
-  const float* vv = q + size_t(p.Hq + p.Hkv) * D;
-  for (int t = threadIdx.x; t < p.Hkv * D; t += blockDim.x) {
-    if (p.kv.fp8()) p.kv.v_fp8()[crow + t] = kv_to_e4m3(vv[t]);
-    else p.kv.v_bf16()[crow + t] = to_bf(vv[t]);
+  } else {
+    const int u = t - rot;
+    const float* vv = q + size_t(p.Hq + p.Hkv) * D;
+    if (p.kv.fp8()) p.kv.v_fp8()[crow + u] = kv_to_e4m3(vv[u]);
+    else p.kv.v_bf16()[crow + u] = to_bf(vv[u]);
   }
 }
 
@@ -226,7 +233,9 @@ void launch_rmsnorm_bf16(const float* x, const int32_t* rows, const uint16_t* g,
 }
 void launch_rope_kv(const RopeKvParams& p, cudaStream_t s) {
   require_kv(p.kv, "rope_kv");
-  rope_kv_k<<<p.M, 256, 0, s>>>(p);
+  if (p.M <= 0) return;
+  const int items = (p.Hq + p.Hkv) * (p.D / 2) + p.Hkv * p.D;
+  rope_kv_k<<<dim3(p.M, (items + 255) / 256), 256, 0, s>>>(p);
 }
 void launch_topk_softmax(const float* lg, int32_t* idx, float* w, int M, int E, int k, cudaStream_t s) {
   if (M <= 0) return;

@@ -289,16 +289,17 @@ __global__ void __launch_bounds__(kThreads, Sh::kMinBlocks) moe_mma_k(MoeGemmPre
   }
 }
 
+// A thread an element (grid: tokens x H / 256): a wide decode step's few tokens would otherwise give each
+// thread a chain of dependent round trips along the row.
 __global__ void moe_combine_kernel(const float* y, float* resid, int k, int H, const int32_t* idx, int lo, int hi) {
-  const int t = blockIdx.x;
-  for (int h = threadIdx.x; h < H; h += blockDim.x) {
-    float s = 0.f;
-    for (int j = 0; j < k; ++j) {
-      const int e = idx ? idx[size_t(t) * k + j] : lo;
-      if (e >= lo && e < hi) s += y[(size_t(t) * k + j) * H + h];
-    }
-    resid[size_t(t) * H + h] += s;
+  const int t = blockIdx.x, h = blockIdx.y * blockDim.x + threadIdx.x;
+  if (h >= H) return;
+  float s = 0.f;
+  for (int j = 0; j < k; ++j) {
+    const int e = idx ? idx[size_t(t) * k + j] : lo;
+    if (e >= lo && e < hi) s += y[(size_t(t) * k + j) * H + h];
   }
+  resid[size_t(t) * H + h] += s;
 }
 }  // namespace
 
@@ -338,7 +339,7 @@ void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s) { launch_moe
 void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s,
                          const int32_t* topk_idx, int expert_lo, int expert_hi) {
   if (T <= 0) return;
-  moe_combine_kernel<<<T, 256, 0, s>>>(y_slot, resid, k, H, topk_idx, expert_lo, expert_hi);
+  moe_combine_kernel<<<dim3(T, (H + 255) / 256), 256, 0, s>>>(y_slot, resid, k, H, topk_idx, expert_lo, expert_hi);
 }
 
 }  // namespace mx::cuda
