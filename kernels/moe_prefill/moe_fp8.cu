@@ -19,7 +19,7 @@
 //     one power-of-two scale a token (moe_quant_fp8); FC2's input, the SwiGLU output, is bounded by
 //     limit * (limit + 1) = 56 and takes a fixed factor of 4.
 //   - Sparse tiles: wgmma m64n32k32 with A from registers and B (the tile's 16 tokens x hi/lo, all of
-//     K, staged once per CTA) from shared memory; a CTA is two warpgroups = 128 weight rows. Prefill
+//     K, staged once per CTA) from shared memory; a CTA is four warpgroups = 256 weight rows. Prefill
 //     tiles: a producer warpgroup and both operands in shared memory (the comment above
 //     moe_fp8_wide_k).
 #include "kernels/moe_prefill/moe_prefill.h"
@@ -37,8 +37,9 @@
 namespace mx::cuda {
 namespace {
 
-// Two warpgroups of 64 weight rows; kU segments of weights in flight a thread.
-[[maybe_unused]] constexpr int kThreads = 256, kRows = 128, kU = 5;
+// Four warpgroups of 64 weight rows over one B staging, one CTA an SM (two CTAs of 128 rows staged B twice
+// and paid two prologues: docs/perf.md, session 32); kU segments of weights in flight a thread.
+[[maybe_unused]] constexpr int kThreads = 512, kRows = 256, kU = 5;
 constexpr int kCols = 2 * kMoeTileRowsSparse;       // B columns: (hi, lo) of 16 tokens
 constexpr int kStepBytes = kCols * 32;              // one k32 step of B: [n/8][k half][n%8][16 bytes]
 
@@ -194,7 +195,7 @@ __device__ __forceinline__ void epilogue(const MoeGemmPrefillParams& p, const fl
 }
 
 template <bool kFc1>
-__global__ void __launch_bounds__(kThreads, 2) moe_fp8_k(MoeGemmPrefillParams p) {
+__global__ void __launch_bounds__(kThreads, 1) moe_fp8_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
   extern __shared__ __align__(128) uint8_t bsm[];
   const int tile = blockIdx.x;
