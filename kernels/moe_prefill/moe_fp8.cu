@@ -37,9 +37,9 @@
 namespace mx::cuda {
 namespace {
 
-// Four warpgroups of 64 weight rows over one B staging, one CTA an SM (two CTAs of 128 rows staged B twice
-// and paid two prologues: docs/perf.md, session 32); kU segments of weights in flight a thread.
-[[maybe_unused]] constexpr int kThreads = 512, kRows = 256, kU = 5;
+// kWg warpgroups of 64 weight rows over one B staging: 4 (one CTA an SM) where the matrix's rows fill
+// 256-row CTAs, else 2 (two CTAs an SM; sparse_cta_warpgroups); kU segments of weights in flight a thread.
+[[maybe_unused]] constexpr int kU = 5;
 constexpr int kCols = 2 * kMoeTileRowsSparse;       // B columns: (hi, lo) of 16 tokens
 constexpr int kStepBytes = kCols * 32;              // one k32 step of B: [n/8][k half][n%8][16 bytes]
 
@@ -194,9 +194,10 @@ __device__ __forceinline__ void epilogue(const MoeGemmPrefillParams& p, const fl
   }
 }
 
-template <bool kFc1>
-__global__ void __launch_bounds__(kThreads, 1) moe_fp8_k(MoeGemmPrefillParams p) {
+template <bool kFc1, int kWg>
+__global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
+  constexpr int kThreads = kWg * 128, kRows = kWg * 64;
   extern __shared__ __align__(128) uint8_t bsm[];
   const int tile = blockIdx.x;
   if (tile >= *p.num_tiles) return;
@@ -558,6 +559,14 @@ bool fp8_runs_here() {
          }) == 2;
 }
 
+// One 256-row CTA an SM stages B and pays the prologue once for twice the rows (docs/perf.md, session
+// 32), unless over 1/32 of its rows would be idle: a 2,880-row matrix (FC2, and FC1 under TP=2) leaves
+// its last CTA a quarter live, which lost 4.4 % at TP=2 b64.
+int sparse_cta_warpgroups(int N) {
+  const int rounded = (N + 255) / 256 * 256;
+  return (rounded - N) * 32 <= rounded ? 4 : 2;
+}
+
 template <bool kFc1>
 void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
@@ -566,13 +575,17 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   const int most = device_smem_optin();
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [most] {
-    MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+    MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
   });
   if (p.tile_rows == kMoeTileRowsSparse) {
     if (!p.row_smax) throw_error("moe fp8: sparse tiles need the rows' largest scales (moe_row_max_scale)");
     const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
-    moe_fp8_k<kFc1><<<dim3(p.max_tiles, (p.N + kRows - 1) / kRows), kThreads, smem, s>>>(p);
+    if (sparse_cta_warpgroups(p.N) == 4)
+      moe_fp8_k<kFc1, 4><<<dim3(p.max_tiles, (p.N + 255) / 256), 512, smem, s>>>(p);
+    else
+      moe_fp8_k<kFc1, 2><<<dim3(p.max_tiles, (p.N + 127) / 128), 256, smem, s>>>(p);
   } else if (p.tile_rows == kMoeTileRowsFp8Wide) {
     const size_t smem = wide_smem_bytes(p.K);
     if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
