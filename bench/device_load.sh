@@ -50,13 +50,19 @@ for P in $MODELS; do
     --max-num-seqs "${MAX_NUM_SEQS:-0}" --max-num-batched-tokens "${MAX_BATCHED:-8192}" \
     --gpu-memory-utilization "$GPU_MEM" --kv-cache-dtype "${KV_DTYPE:-auto}" ${ENGINE_ARGS:-} --port 8011 ${SERVE_ARGS:-} > "$OUT/serve_$N.log" 2>&1 &
   SP=$!
-  python3 - <<'PY'
-import time, urllib.request
+  # Ready, or the server gone (a bad flag or path): then its log's tail, and the next model.
+  python3 - "$SP" <<'PY'
+import os, sys, time, urllib.request
 for _ in range(480):
     try:
         urllib.request.urlopen("http://127.0.0.1:8011/ready", timeout=1); break
-    except Exception: time.sleep(0.5)
+    except Exception:
+        if not os.path.exists(f"/proc/{sys.argv[1]}"): break
+        time.sleep(0.5)
 PY
+  if ! kill -0 $SP 2>/dev/null; then
+    echo "== $N: the server exited before it was ready:"; tail -5 "$OUT/serve_$N.log"; wait $SP; continue
+  fi
   # 3. The load; the server's CPU time over it (user + system, all threads: a spinning wait shows here).
   cpu0=$(awk '{print $14 + $15}' /proc/$SP/stat); t0=$SECONDS
   ids=--prompt-ids
