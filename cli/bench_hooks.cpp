@@ -39,9 +39,13 @@ void CudaBenchHooks::changed() {
   if (ranks_.size() > 1) MX_CUDA(cudaSetDevice(0));
 }
 
+// Every rank profiles (eager, an event after every kernel), so all make the same launch decisions and
+// meet at the same collectives; the table reads rank 0's.
 void CudaBenchHooks::set_profiling(bool on) {
-  r_.probe_.profiling = on;
-  r_.ahead_.active = false;
+  for (CudaRunner* r : ranks_) {
+    r->probe_.profiling = on;
+    r->ahead_.active = false;
+  }
 }
 
 std::vector<KernelProfile> CudaBenchHooks::last_profile() const { return r_.probe_.profile; }

@@ -228,10 +228,10 @@ void run_bench(const BenchOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   eo.use_graphs = !o.no_graphs;
   eo.tp = o.tp;
-  // The breakdown launches and times one GPU's kernels on their own, which the other ranks would not match;
-  // the step trace only records rank 0's CTAs inside the steps every rank runs.
-  if (o.tp.size > 1 && o.breakdown)
-    fail("--breakdown profiles one GPU's kernels; run it without --tensor-parallel-size (--step-trace works)");
+  // The breakdown and the step trace change every local rank's launches alike and read rank 0's; ranks on
+  // another node would not follow.
+  if (o.tp.nnodes > 1 && o.breakdown)
+    fail("--breakdown under tensor parallelism needs every rank on this host (--nnodes 1)");
   if (o.tp.nnodes > 1 && !o.step_trace.empty())
     fail("--step-trace under tensor parallelism needs every rank on this host (--nnodes 1)");
   auto r = make_cuda_runner(eo);
@@ -380,7 +380,7 @@ void run_bench(const BenchOptions& o) {
       // under uniform routing.
       const DeviceShape shape = DeviceShape::of(r->config(), eo.dense);
       row.experts = expected_distinct_experts(shape, B);
-      if (B > 8 && o.tp.size == 1) {  // (one rank profiled alone would leave the group's steps)
+      if (B > 8) {
         set_steps(n);  // tk holds each row's next token; rows own blocks up to depth + max_tg
         hooks.set_profiling(true);
         r->step(steps, out);
@@ -408,7 +408,7 @@ void run_bench(const BenchOptions& o) {
   const std::string model = o.model.empty() ? "dummy " + o.preset : o.model;
   if (o.breakdown) {
     print_breakdown(*r, hooks, bt0, o.depth, copy_gbps, 1);
-    if (!o.no_graphs) print_graph_marginals(*r, hooks, bt0, o.depth);
+    if (!o.no_graphs && o.tp.size == 1) print_graph_marginals(*r, hooks, bt0, o.depth);  // leaves kernels out on rank 0 only
     print_breakdown(*r, hooks, bt0, o.depth, copy_gbps, std::min(max_pp, eo.max_tokens_per_step));
     for (int B : o.batch) {
       if (B < 2) continue;

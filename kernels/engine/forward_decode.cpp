@@ -235,10 +235,13 @@ void Forward::reduce_after_attention(float* rows, float* x, size_t n) {
   if (!tp()) return;
   if (rows == x) opt_.tp->all_reduce_sum_f32(x, n, stream_);
   else opt_.tp->reduce_into(rows, x, n, stream_);
+  mark("all_reduce", 0);
 }
 
 void Forward::reduce_after_experts(float* y, size_t n) {
-  if (tp()) opt_.tp->all_reduce_sum_f32(y, n, stream_);
+  if (!tp()) return;
+  opt_.tp->all_reduce_sum_f32(y, n, stream_);
+  mark("all_reduce", 0);
 }
 
 // The whole step in one cooperative kernel (decode_step.h). It has no reduce points between its
