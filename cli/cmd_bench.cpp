@@ -380,7 +380,7 @@ void run_bench(const BenchOptions& o) {
       // under uniform routing.
       const DeviceShape shape = DeviceShape::of(r->config(), eo.dense);
       row.experts = expected_distinct_experts(shape, B);
-      if (B > 8) {
+      if (B > 8 && o.tp.nnodes == 1) {  // (profiling reaches this host's ranks only)
         set_steps(n);  // tk holds each row's next token; rows own blocks up to depth + max_tg
         hooks.set_profiling(true);
         r->step(steps, out);
