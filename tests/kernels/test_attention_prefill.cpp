@@ -15,6 +15,7 @@
 #include "core/bf16.h"
 #include "core/fp8.h"
 #include "kernels/attention_prefill/attention_prefill.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace mx::cuda {
 namespace {
@@ -27,13 +28,7 @@ std::vector<uint16_t> rand_bf16(size_t n, float lo, float hi, uint32_t seed) {
   return v;
 }
 
-template <class T>
-T* to_dev(const std::vector<T>& h) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
-  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
+using mx::test::to_dev;
 
 // poison: the rows no query may see (before the first query's window, past the last key) hold NaN,
 // as blocks the sliding layers gave back may: the output must not change.

@@ -11,6 +11,7 @@
 
 #include "core/bf16.h"
 #include "kernels/gemm/gemm_bf16.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace mx::cuda {
 namespace {
@@ -27,13 +28,7 @@ std::vector<uint16_t> rand_bf16(size_t n, float scale, uint32_t seed) {
   return v;
 }
 
-template <class T>
-T* to_dev(const std::vector<T>& h) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, h.size() * sizeof(T)), cudaSuccess);
-  cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  return d;
-}
+using mx::test::to_dev;
 
 void check(const std::vector<float>& got, const std::vector<float>& ref, const char* what) {
   double num = 0, den = 0;
