@@ -1,11 +1,14 @@
-// The one-shot peer all-reduce (peer_allreduce.h). Each CTA owns a slice of the message: its copy, its
-// flags and its wait, so no grid-wide barrier is needed. Flags hold the CTA's call count (epoch), which only
-// grows, so they are never reset; staging buffers alternate by the epoch's parity, so a rank's next call
-// never overwrites what a slow peer still reads (a peer raises its flag for call k + 1 only after its call k
-// finished reading).
+// The one-shot peer all-reduce (peer_allreduce.h). Each CTA owns a slice of the message: it pushes its
+// slice into every peer's staging (stores over NVLink are posted, so a wide step's slice does not wait on
+// the link's latency load by load), raises its flags, waits for the peers', and sums its slice from its own
+// input and the staged copies, so no grid-wide barrier is needed. Flags hold the CTA's call count (epoch),
+// which only grows, so they are never reset; staging alternates by the epoch's parity, so a rank's next call
+// never overwrites what a slow peer still reads (a rank pushes call k + 1 only after every peer raised its
+// flag for call k, which a peer does only after its call k - 1 finished).
 #include "kernels/comm/peer_allreduce.h"
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -16,6 +19,7 @@ namespace mx::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kUnroll = 4;  // elements a thread has in flight: the sum's staged loads issue together
 
 __device__ __forceinline__ void st_release_sys(unsigned* p, unsigned v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -26,34 +30,62 @@ __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned* p) {
   return v;
 }
 
-// out[i] = sum over ranks of in[i]; zero_in (in != out): in[i] = 0 once staged.
-__global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v, float* in, float* out, size_t n,
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 add(float4 a, float4 b) { return {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w}; }
+template <class T>
+__device__ __forceinline__ T zero();
+template <>
+__device__ __forceinline__ float zero<float>() { return 0.f; }
+template <>
+__device__ __forceinline__ float4 zero<float4>() { return {0.f, 0.f, 0.f, 0.f}; }
+
+// out[i] = sum over ranks of in[i] (in rank order: every rank gets the same bits); zero_in (in != out):
+// in[i] = 0 once read. T is float4 when the pointers are 16-byte aligned and n a multiple of 4, else float;
+// n and the staging offsets count T.
+template <class T>
+__global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v, T* in, T* out, size_t n,
                                                              int zero_in) {
   pdl_wait();  // the kernel before wrote `in`
   // The next kernel may launch now and issue its weight loads while the ranks exchange flags; it reads
   // the sums only after its own pdl_wait, which waits for this grid to finish.
   pdl_launch_dependents();
-  const int b = blockIdx.x, tid = threadIdx.x;
+  const int b = blockIdx.x, tid = threadIdx.x, me = v.rank;
   const size_t per = (n + gridDim.x - 1) / gridDim.x, begin = min(n, size_t(b) * per), end = min(n, begin + per);
+  const size_t stride = v.max_elems * sizeof(float) / sizeof(T);  // one source rank's region of a staging buffer
   const unsigned e = v.epoch[b] + 1;
   const int slot = e & 1;
-  float* mine = v.stage[v.rank][slot];
   for (size_t i = begin + tid; i < end; i += kThreads) {
-    mine[i] = in[i];
-    if (zero_in) in[i] = 0.f;
+    const T x = in[i];
+    for (int r = 0; r < v.world; ++r)
+      if (r != me) reinterpret_cast<T*>(v.stage[r][slot])[size_t(me) * stride + i] = x;
   }
   __syncthreads();
-  if (tid == 0) __threadfence_system();  // this CTA's copies reach the peers before its flags
+  if (tid == 0) __threadfence_system();  // this CTA's pushes reach the peers before its flags
   __syncthreads();
-  if (tid < v.world) st_release_sys(v.flags[tid] + v.rank * kPeerMaxCtas + b, e);
+  if (tid < v.world) st_release_sys(v.flags[tid] + me * kPeerMaxCtas + b, e);
   if (tid < v.world)
-    while (ld_acquire_sys(v.flags[v.rank] + tid * kPeerMaxCtas + b) < e) {
+    while (ld_acquire_sys(v.flags[me] + tid * kPeerMaxCtas + b) < e) {
     }
   __syncthreads();
-  for (size_t i = begin + tid; i < end; i += kThreads) {
-    float s = 0.f;
-    for (int r = 0; r < v.world; ++r) s += __ldcv(v.stage[r][slot] + i);  // not from L1: a peer's new values
-    out[i] = s;
+  const T* staged = reinterpret_cast<const T*>(v.stage[me][slot]);
+  for (size_t i0 = begin + tid; i0 < end; i0 += size_t(kThreads) * kUnroll) {
+    T s[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) s[u] = zero<T>();
+    for (int r = 0; r < v.world; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const size_t i = i0 + size_t(u) * kThreads;
+        // The peers' rows not from L1: a line of this buffer two calls back may still sit there.
+        if (i < end) s[u] = add(s[u], r == me ? in[i] : __ldcg(staged + size_t(r) * stride + i));
+      }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const size_t i = i0 + size_t(u) * kThreads;
+      if (i >= end) continue;
+      if (zero_in) in[i] = zero<T>();
+      out[i] = s[u];
+    }
   }
   if (tid == 0) v.epoch[b] = e;
 }
@@ -61,7 +93,8 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
 }  // namespace
 
 PeerAllReduce::PeerAllReduce(int world, size_t max_elems)
-    : world_(world), max_elems_(max_elems), views_(size_t(world)), devices_(size_t(world), -1) {
+    // Whole float4s: each source rank's region of a staging buffer stays 16-byte aligned.
+    : world_(world), max_elems_((max_elems + 3) / 4 * 4), views_(size_t(world)), devices_(size_t(world), -1) {
   if (world < 1 || world > kPeerMaxRanks) throw_error("PeerAllReduce: 1.." + std::to_string(kPeerMaxRanks) + " ranks");
 }
 
@@ -83,8 +116,8 @@ void PeerAllReduce::join(int rank) {
   PeerAllReduceView& mine = views_[size_t(rank)];
   float* stage[2];
   unsigned *flags, *epoch;
-  MX_CUDA(cudaMalloc(&stage[0], max_elems_ * 4));
-  MX_CUDA(cudaMalloc(&stage[1], max_elems_ * 4));
+  MX_CUDA(cudaMalloc(&stage[0], size_t(world_) * max_elems_ * 4));  // a region for each source rank
+  MX_CUDA(cudaMalloc(&stage[1], size_t(world_) * max_elems_ * 4));
   MX_CUDA(cudaMalloc(&flags, kPeerMaxRanks * kPeerMaxCtas * 4));
   MX_CUDA(cudaMalloc(&epoch, kPeerMaxCtas * 4));
   MX_CUDA(cudaMemset(flags, 0, kPeerMaxRanks * kPeerMaxCtas * 4));
@@ -134,8 +167,13 @@ void PeerAllReduce::reduce_into(int rank, float* in, float* out, size_t n, cudaS
   if (n == 0) return;
   // Always every CTA (some with nothing to copy): their call counts stay equal, so a call's CTAs all use
   // the same staging parity whatever the sizes of the calls before.
-  launch_pdl(peer_allreduce_k, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, views_[size_t(rank)], in, out, n,
-             int(in != out));
+  const PeerAllReduceView& v = views_[size_t(rank)];
+  const bool vec = n % 4 == 0 && ((reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
+  if (vec)
+    launch_pdl(peer_allreduce_k<float4>, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, v, reinterpret_cast<float4*>(in),
+               reinterpret_cast<float4*>(out), n / 4, int(in != out));
+  else
+    launch_pdl(peer_allreduce_k<float>, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, v, in, out, n, int(in != out));
 }
 
 }  // namespace mx::cuda

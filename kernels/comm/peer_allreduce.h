@@ -1,10 +1,10 @@
-// A one-shot all-reduce over peer memory (NVLink) for the small messages of decode steps: each rank copies
-// its input into its own staging buffer, raises its flag in every peer's flag words, waits for every
-// peer's flag, and sums all ranks' staging buffers (in rank order, so every rank gets the same bits) into
-// its output. One kernel, no NCCL call: the decode step's all-reduces are 10-400 KB, where NCCL's ring pays
-// its protocol; larger messages go to NCCL (nccl_comm.h). Ranks are threads of one process, one device each,
-// with peer access between all of them. Enqueued on a stream; CUDA graphs capture it (its state lives in
-// device memory).
+// A one-shot all-reduce over peer memory (NVLink) for the messages of decode steps: each rank pushes its
+// input into every peer's staging buffer, raises its flag in every peer's flag words, waits for every
+// peer's flag, and sums its own input and the staged copies (in rank order, so every rank gets the same
+// bits) into its output. One kernel, no NCCL call: a decode step's all-reduces are 10 KB to a few MB, where
+// NCCL's ring pays its protocol; larger messages go to NCCL (nccl_comm.h). Ranks are threads of one process,
+// one device each, with peer access between all of them. Enqueued on a stream; CUDA graphs capture it (its
+// state lives in device memory).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -20,7 +20,7 @@ constexpr int kPeerMaxCtas = 32;
 
 // What one rank's kernel reads (pointers of every rank's buffers, usable through peer access).
 struct PeerAllReduceView {
-  float* stage[kPeerMaxRanks][2] = {};  // each rank's staging buffers, two (by call parity)
+  float* stage[kPeerMaxRanks][2] = {};  // each rank's staging, two (by call parity) of world x max_elems
   unsigned* flags[kPeerMaxRanks] = {};  // each rank's flag words [kPeerMaxRanks * kPeerMaxCtas]
   unsigned* epoch = nullptr;            // this rank's per-CTA call counters [kPeerMaxCtas]
   int rank = 0, world = 1;

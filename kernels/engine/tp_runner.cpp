@@ -17,6 +17,7 @@
 namespace mx {
 namespace {
 constexpr double kJoinTimeoutS = 120;  // NCCL's set-up: every rank joins within this
+constexpr int kPeerSumRows = 512;      // a wide step's rows summed over peer memory at two GPUs (fewer at more)
 
 // What every node must agree on (the same steps, shapes and paths); the model path may differ by host.
 std::string agreed_flags(const CudaEngineOptions& o) {
@@ -59,9 +60,12 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
       if (a != b) MX_CUDA(cudaDeviceCanAccessPeer(&ok, a, b));
       peers = peers && ok;
     }
-  // The decode path's sums: the residual (8 rows) and the per-slot expert outputs (8 x top-k rows).
+  // The sums over peer memory: the one-token path's residual (8 rows) and per-slot expert outputs (8 x top-k
+  // rows), and the wide steps' rows up to a size where NCCL's ring, which moves fewer bytes than a one-shot
+  // push to every peer, catches up (docs/perf.md, session 34).
   const size_t decode_sum = size_t(cuda::kDecodeMaxTokens) * cfg.experts_per_token * cfg.hidden_size;
-  if (peers) peer_ = std::make_unique<cuda::PeerAllReduce>(local, decode_sum);
+  const size_t wide_sum = size_t(kPeerSumRows) * cfg.hidden_size / size_t(std::max(1, local - 1));
+  if (peers) peer_ = std::make_unique<cuda::PeerAllReduce>(local, std::max(decode_sum, wide_sum));
   nccl_.resize(size_t(local));
   comms_.resize(size_t(local));
   group_ = std::make_unique<RankGroup>(

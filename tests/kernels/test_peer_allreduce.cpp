@@ -1,7 +1,8 @@
 // The one-shot peer all-reduce (kernels/comm/peer_allreduce.h) between the GPUs of this machine, one thread
 // each: exact sums for message sizes from one value to past one CTA's share, many calls in a row (the
 // epochs and the alternating buffers), out of place with the input zeroed, a captured CUDA graph replayed,
-// and the same result as NCCL's all-reduce. Values are small multiples of 1/2, so every order of summation is exact. Needs two GPUs.
+// and the same result as NCCL's all-reduce; buffers 16-byte aligned (the float4 path) or not (the float
+// path). Values are small multiples of 1/2, so every order of summation is exact. Needs two GPUs.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -47,17 +48,18 @@ TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
   if (world < 2) GTEST_SKIP() << "needs two GPUs";
   const size_t max_n = 200000;
   cuda::PeerAllReduce ar(world, max_n);
-  const std::vector<size_t> sizes = {1, 7, 1000, 23040, 92160, max_n};
+  const std::vector<size_t> sizes = {1, 7, 1000, 1002, 23040, 92160, 184320, max_n};  // 184320: 64 rows of 2880
   std::vector<std::string> bad(static_cast<size_t>(world));
   auto errors = on_ranks(world, [&](int r) {
     ar.join(r);
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     float* d = nullptr;
-    cudaMalloc(&d, max_n * 4);
+    cudaMalloc(&d, (max_n + 1) * 4);
+    float* p = d;  // d, or d + 1 (unaligned: the float path)
     std::vector<float> h(max_n), got(max_n);
     auto check = [&](size_t n, int call) {
-      cudaMemcpy(got.data(), d, n * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(got.data(), p, n * 4, cudaMemcpyDeviceToHost);
       for (size_t i = 0; i < n; ++i) {
         float want = 0;
         for (int q = 0; q < world; ++q) want += value(q, call, i);
@@ -68,13 +70,15 @@ TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
     int call = 0;
     for (int round = 0; round < 20; ++round)
       for (size_t n : sizes) {
+        p = d + round % 2;
         for (size_t i = 0; i < n; ++i) h[i] = value(r, call, i);
-        cudaMemcpyAsync(d, h.data(), n * 4, cudaMemcpyHostToDevice, s);
-        ar.all_reduce_sum_f32(r, d, n, s);
+        cudaMemcpyAsync(p, h.data(), n * 4, cudaMemcpyHostToDevice, s);
+        ar.all_reduce_sum_f32(r, p, n, s);
         cudaStreamSynchronize(s);
         check(n, call++);
       }
     // Out of place: the sum into another buffer, the input left zero (the decode o-proj's partial rows).
+    p = d;
     float* o = nullptr;
     cudaMalloc(&o, 23040 * 4);
     for (int rep = 0; rep < 3; ++rep) {
