@@ -17,7 +17,7 @@
 namespace mx {
 namespace {
 constexpr double kJoinTimeoutS = 120;  // NCCL's set-up: every rank joins within this
-constexpr int kPeerSumRows = 512;      // a wide step's rows summed over peer memory at two GPUs (fewer at more)
+constexpr int kPeerSumRows = 256;      // a wide step's rows summed over peer memory at two GPUs (fewer at more)
 
 // What every node must agree on (the same steps, shapes and paths); the model path may differ by host.
 std::string agreed_flags(const CudaEngineOptions& o) {
