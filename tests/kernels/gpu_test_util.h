@@ -90,4 +90,13 @@ inline SampleResult greedy_step(ModelRunner& r, std::span<const int32_t> tokens,
   return out;
 }
 
+// Within one bf16 step of want (2^-7 relative) plus abs_tol; within half an E4M3 step (2^-4 relative,
+// 2^-10 absolute) plus tol.
+inline bool near_bf16(float got, double want, double abs_tol = 1e-6) {
+  return std::fabs(got - want) <= std::fabs(want) * (1.0 / 128) + abs_tol;
+}
+inline bool near_e4m3(float got, double want, double tol = 0) {
+  return std::fabs(got - want) <= std::fabs(want) / 16 + std::ldexp(1.0, -10) + tol;
+}
+
 }  // namespace mx::test

@@ -22,10 +22,6 @@ namespace {
 using namespace mx;
 using namespace mx::test;
 
-bool near_bf16(float got, double want, double abs_tol = 1e-6) {
-  return std::fabs(got - want) <= std::fabs(want) * (1.0 / 128) + abs_tol;
-}
-
 TEST(DecodeGemv, Bf16SmallMMatchesReferenceOddSizes) {
   std::mt19937 rng(1);
   for (auto [M, N, K] : {std::tuple{1, 7, 32}, std::tuple{3, 37, 96}, std::tuple{8, 129, 2880}, std::tuple{5, 200, 4096}}) {
@@ -87,10 +83,6 @@ std::vector<float> ref_norm_bf16(const std::vector<float>& res, const std::vecto
 }
 
 // prefetch: with the K / V L2 prefetch of the older keys (a hint: the outputs must not change).
-bool near_e4m3(float got, double want, double tol) {
-  return std::fabs(got - want) <= std::fabs(want) / 16 + std::ldexp(1.0, -10) + tol;
-}
-
 void check_qkv(int M, int H, int Hq, int Hkv, int D, bool with_y, bool prefetch = false, bool fp8 = false,
                DenseFormat wf = DenseFormat::kBf16) {
   SCOPED_TRACE(format_name(wf));

@@ -17,11 +17,6 @@ namespace {
 using namespace mx;
 using namespace mx::test;
 
-bool near_bf16(float got, double want, double abs_tol = 1e-6) {
-  return std::fabs(got - want) <= std::fabs(want) * (1.0 / 128) + abs_tol;
-}
-bool near_e4m3(float got, double want) { return std::fabs(got - want) <= std::fabs(want) / 16 + 1.0 / 1024; }
-
 TEST(StepKernels, RmsNormRows) {
   std::mt19937 rng(21);
   for (const int M : {1, 37, 200})
