@@ -567,6 +567,13 @@ int sparse_cta_warpgroups(int N) {
   return (rounded - N) * 32 <= rounded ? 4 : 2;
 }
 
+// A sparse CTA: kWg warpgroups, each an m64 block of weight rows.
+template <bool kFc1, int kWg>
+void launch_sparse(const MoeGemmPrefillParams& p, size_t smem, cudaStream_t s) {
+  constexpr int rows = kWg * 64;
+  moe_fp8_k<kFc1, kWg><<<dim3(p.max_tiles, (p.N + rows - 1) / rows), kWg * 128, smem, s>>>(p);
+}
+
 template <bool kFc1>
 void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
@@ -582,10 +589,8 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.tile_rows == kMoeTileRowsSparse) {
     if (!p.row_smax) throw_error("moe fp8: sparse tiles need the rows' largest scales (moe_row_max_scale)");
     const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
-    if (sparse_cta_warpgroups(p.N) == 4)
-      moe_fp8_k<kFc1, 4><<<dim3(p.max_tiles, (p.N + 255) / 256), 512, smem, s>>>(p);
-    else
-      moe_fp8_k<kFc1, 2><<<dim3(p.max_tiles, (p.N + 127) / 128), 256, smem, s>>>(p);
+    if (sparse_cta_warpgroups(p.N) == 4) launch_sparse<kFc1, 4>(p, smem, s);
+    else launch_sparse<kFc1, 2>(p, smem, s);
   } else if (p.tile_rows == kMoeTileRowsFp8Wide) {
     const size_t smem = wide_smem_bytes(p.K);
     if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
