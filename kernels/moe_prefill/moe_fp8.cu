@@ -413,13 +413,10 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       };
 #pragma unroll
       for (int s = 0; s < kWRaw - 1; ++s) copy_raw(s);
+      // The row's largest scale, found at load (moe_row_max_scale); rows past N keep 0: their outputs are dropped.
+      const uint32_t smax = lr < nrows ? p.row_smax[size_t(e) * p.N + R0 + lr] : 0u;
       cp_async_wait<kWRaw - 1>();  // the slab (the oldest group)
       asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // every scale has landed
-      uint32_t smax = 0;  // rows past N keep 0: their outputs are dropped
-      if (lr < nrows)
-#pragma unroll 8
-        for (int gi = hh; gi < G; gi += 2) smax = max(smax, uint32_t(srow[lr * G + gi]));
-      smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
       if (j >= 2) mbar_wait(&epi[j & 1], ((j >> 1) - 1) & 1);  // item j - 2's epilogue read smax_s[j & 1]
       if (hh == 0) smax_s[j & 1][lr] = uint8_t(smax);
       // Weight row r of an m64 block is the MMA's row 16 (r / 16) + (r % 16) / 2 + 8 (r % 2): a consumer
@@ -586,8 +583,8 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
   });
+  if (!p.row_smax) throw_error("moe fp8: needs the rows' largest scales (moe_row_max_scale)");
   if (p.tile_rows == kMoeTileRowsSparse) {
-    if (!p.row_smax) throw_error("moe fp8: sparse tiles need the rows' largest scales (moe_row_max_scale)");
     const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
     if (sparse_cta_warpgroups(p.N) == 4) launch_sparse<kFc1, 4>(p, smem, s);
     else launch_sparse<kFc1, 2>(p, smem, s);

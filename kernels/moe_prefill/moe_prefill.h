@@ -81,7 +81,7 @@ struct MoeGemmPrefillParams {
   const uint8_t* xq = nullptr;      // e4m3 hi/lo rows [rows, moe_fp8_row_bytes(K)]
   const float* xinv = nullptr;      // FC1: [T] 2^-xs of each token's hi/lo rows
   uint8_t* act_q = nullptr;         // FC1 out: [T*k, moe_fp8_row_bytes(N / 2)] (sorted rows)
-  const uint8_t* row_smax = nullptr;  // sparse tiles: [E, N] each weight row's largest scale (moe_row_max_scale)
+  const uint8_t* row_smax = nullptr;  // FP8 paths: [E, N] each weight row's largest scale (moe_row_max_scale)
 };
 void moe_fc1_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
 void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
