@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/decode/decode_gemv.h"
 
 namespace mx::cuda {
 namespace {
@@ -39,18 +40,38 @@ __device__ __forceinline__ float zero<float>() { return 0.f; }
 template <>
 __device__ __forceinline__ float4 zero<float4>() { return {0.f, 0.f, 0.f, 0.f}; }
 
+__device__ __forceinline__ float bf16_f(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
+
 // out[i] = sum over ranks of in[i] (in rank order: every rank gets the same bits); zero_in (in != out):
 // in[i] = 0 once read. T is float4 when the pointers are 16-byte aligned and n a multiple of 4, else float;
-// n and the staging offsets count T.
-template <class T>
+// n and the staging offsets count T. kFold: the router's sums over the CTA's slice (PeerRouterFold).
+template <class T, bool kFold>
 __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v, T* in, T* out, size_t n,
-                                                             int zero_in) {
+                                                             int zero_in, PeerRouterFold f) {
+  constexpr int W = sizeof(T) / sizeof(float);
+  constexpr int kSlice = kFold ? kPeerFoldMaxSlice : 1;
+  // Thread e's router weights over the slice, in registers: 4 rows a load on the float4 path (8-byte
+  // aligned: the slice starts at a multiple of 4 rows), issued together before the wait.
+  constexpr int kWL = kFold ? kPeerFoldMaxSlice / 4 : 1;
+  __shared__ float g_s[kSlice];  // gamma over the slice
+  __shared__ __align__(16) float h_s[kSlice * W];  // the summed slice
+  const int b = blockIdx.x, tid = threadIdx.x, me = v.rank;
+  const size_t per = (n + gridDim.x - 1) / gridDim.x, begin = min(n, size_t(b) * per), end = min(n, begin + per);
+  const int rows = int(end - begin) * W, row0 = int(begin) * W;
+  uint2 wr[kWL];
+  if constexpr (kFold) {  // weights, not outputs of the kernel before: loaded before the wait
+    const uint16_t* wrow = f.router_w + size_t(min(tid, f.E - 1)) * size_t(n) * W + row0;
+    if constexpr (W == 4) {
+#pragma unroll
+      for (int u = 0; u < kWL; ++u)
+        wr[u] = tid < f.E && 4 * u < rows ? __ldg(reinterpret_cast<const uint2*>(wrow) + u) : make_uint2(0, 0);
+    }
+    for (int k = tid; k < rows; k += kThreads) g_s[k] = __uint_as_float(uint32_t(f.norm_w[row0 + k]) << 16);
+  }
   pdl_wait();  // the kernel before wrote `in`
   // The next kernel may launch now and issue its weight loads while the ranks exchange flags; it reads
   // the sums only after its own pdl_wait, which waits for this grid to finish.
   pdl_launch_dependents();
-  const int b = blockIdx.x, tid = threadIdx.x, me = v.rank;
-  const size_t per = (n + gridDim.x - 1) / gridDim.x, begin = min(n, size_t(b) * per), end = min(n, begin + per);
   const size_t stride = v.max_elems * sizeof(float) / sizeof(T);  // one source rank's region of a staging buffer
   const unsigned e = v.epoch[b] + 1;
   const int slot = e & 1;
@@ -85,9 +106,41 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
       if (i >= end) continue;
       if (zero_in) in[i] = zero<T>();
       out[i] = s[u];
+      if constexpr (kFold) *reinterpret_cast<T*>(h_s + (i - begin) * W) = s[u];
     }
   }
   if (tid == 0) v.epoch[b] = e;
+  if constexpr (kFold) {
+    __syncthreads();
+    if (tid < f.E) {
+      float a = 0.f;  // sum_j fmaf(w_j g_j, h_j, a) in row order (w g exact in fp32)
+      if constexpr (W == 4) {
+#pragma unroll
+        for (int u = 0; u < kWL; ++u) {
+          if (4 * u >= rows) break;
+          const uint32_t pr[2] = {wr[u].x, wr[u].y};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const float w = __uint_as_float(c & 1 ? pr[c >> 1] & 0xffff0000u : pr[c >> 1] << 16);
+            a = fmaf(w * g_s[4 * u + c], h_s[4 * u + c], a);
+          }
+        }
+      } else {
+        const uint16_t* wrow = f.router_w + size_t(tid) * size_t(n) + row0;
+        for (int j = 0; j < rows; ++j) a = fmaf(bf16_f(wrow[j]) * g_s[j], h_s[j], a);
+      }
+      // |a| < 2^27 keeps 32 slices' sum inside int64 at 2^28 (saturated, never wrapped).
+      const long long q = __float2ll_rn(fminf(fmaxf(a, -134217728.f), 134217728.f) * kRouteAccScale);
+      atomicAdd(reinterpret_cast<unsigned long long*>(f.route_acc + tid), static_cast<unsigned long long>(q));
+    }
+    if (tid < 32) {
+      float ss = 0.f;
+      for (int j = tid; j < rows; j += 32) ss = fmaf(h_s[j], h_s[j], ss);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (tid == 0) f.ss_part[b] = ss;
+    }
+  }
 }
 
 }  // namespace
@@ -163,17 +216,30 @@ void PeerAllReduce::all_reduce_sum_f32(int rank, float* buf, size_t n, cudaStrea
 }
 
 void PeerAllReduce::reduce_into(int rank, float* in, float* out, size_t n, cudaStream_t s) const {
+  launch(rank, in, out, n, nullptr, s);
+}
+
+void PeerAllReduce::reduce_into_router(int rank, float* in, float* out, size_t n, const PeerRouterFold& f,
+                                       cudaStream_t s) const {
+  if (!folds_router(n, f.E)) throw_error("PeerAllReduce: the router folds into rows of at most 4096 and 128 experts");
+  launch(rank, in, out, n, &f, s);
+}
+
+void PeerAllReduce::launch(int rank, float* in, float* out, size_t n, const PeerRouterFold* fold, cudaStream_t s) const {
   if (n > max_elems_) throw_error("PeerAllReduce: " + std::to_string(n) + " values, at most " + std::to_string(max_elems_));
   if (n == 0) return;
   // Always every CTA (some with nothing to copy): their call counts stay equal, so a call's CTAs all use
   // the same staging parity whatever the sizes of the calls before.
   const PeerAllReduceView& v = views_[size_t(rank)];
   const bool vec = n % 4 == 0 && ((reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
-  if (vec)
-    launch_pdl(peer_allreduce_k<float4>, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, v, reinterpret_cast<float4*>(in),
-               reinterpret_cast<float4*>(out), n / 4, int(in != out));
-  else
-    launch_pdl(peer_allreduce_k<float>, dim3(kPeerMaxCtas), dim3(kThreads), 0, s, v, in, out, n, int(in != out));
+  const PeerRouterFold f = fold ? *fold : PeerRouterFold{};
+  const dim3 grid(kPeerMaxCtas), block(kThreads);
+  float4 *in4 = reinterpret_cast<float4*>(in), *out4 = reinterpret_cast<float4*>(out);
+  const int z = int(in != out);
+  if (vec && fold) launch_pdl(peer_allreduce_k<float4, true>, grid, block, 0, s, v, in4, out4, n / 4, z, f);
+  else if (vec) launch_pdl(peer_allreduce_k<float4, false>, grid, block, 0, s, v, in4, out4, n / 4, z, f);
+  else if (fold) launch_pdl(peer_allreduce_k<float, true>, grid, block, 0, s, v, in, out, n, z, f);
+  else launch_pdl(peer_allreduce_k<float, false>, grid, block, 0, s, v, in, out, n, z, f);
 }
 
 }  // namespace mx::cuda

@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -26,6 +27,21 @@ struct PeerAllReduceView {
   int rank = 0, world = 1;
   size_t max_elems = 0;
 };
+
+// The one-token router folded into the sum after the o-proj (as dense_o_proj_router_m1 folds it into the
+// o-proj on one GPU, decode_gemv.h): each CTA, over its slice r of the summed row h,
+//   route_acc[e] += round(2^28 * sum_r W[e, r] * gamma[r] * h[r])   (int64, exact adds)
+//   ss_part[cta] = sum_r h[r]^2                                        (every CTA, 0 for an empty slice)
+// so the expert kernels route without a router kernel. Every rank computes the same bits (the same h,
+// the same slices), so every rank routes the same.
+struct PeerRouterFold {
+  const uint16_t* norm_w = nullptr;    // the MoE's RMSNorm gamma, bf16 [H]
+  const uint16_t* router_w = nullptr;  // bf16 [E, H]
+  long long* route_acc = nullptr;      // [E], zero before the launch
+  float* ss_part = nullptr;            // [kPeerMaxCtas]
+  int E = 0;
+};
+constexpr int kPeerFoldMaxSlice = 128;  // a CTA's rows of h (H <= 32 x 128) and experts (E <= 128)
 
 // The buffers of all ranks; every rank's thread calls join() (a barrier), then all_reduce_sum_f32.
 class PeerAllReduce {
@@ -45,8 +61,12 @@ class PeerAllReduce {
   // out[i] = sum over ranks of in[i]; in != out is left zeroed (a rank's partial rows, ready for the next
   // layer's partial: no memset between).
   void reduce_into(int rank, float* in, float* out, size_t n, cudaStream_t s) const;
+  // reduce_into for one token's row (n = H) with the router folded in (PeerRouterFold).
+  static bool folds_router(size_t H, int E) { return H <= size_t(kPeerMaxCtas) * kPeerFoldMaxSlice && E <= kPeerFoldMaxSlice; }
+  void reduce_into_router(int rank, float* in, float* out, size_t n, const PeerRouterFold& f, cudaStream_t s) const;
 
  private:
+  void launch(int rank, float* in, float* out, size_t n, const PeerRouterFold* fold, cudaStream_t s) const;
   int world_;
   size_t max_elems_;
   std::vector<PeerAllReduceView> views_;

@@ -19,6 +19,14 @@ void TpComm::reduce_into(float* in, float* out, size_t n, cudaStream_t s) const 
   MX_CUDA(cudaMemsetAsync(in, 0, n * 4, s));
 }
 
+bool TpComm::folds_router(size_t H, int E) const {
+  return size > 1 && peer && H <= peer->max_elems() && PeerAllReduce::folds_router(H, E);
+}
+
+void TpComm::reduce_into_router(float* in, float* out, size_t n, const PeerRouterFold& f, cudaStream_t s) const {
+  peer->reduce_into_router(rank, in, out, n, f, s);
+}
+
 void TpComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) const {
   if (size == 1 || bytes == 0) return;
   nccl->all_gather(send, recv, bytes, s);

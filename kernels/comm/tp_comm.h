@@ -11,6 +11,7 @@ namespace mx::cuda {
 
 class NcclComm;
 class PeerAllReduce;
+struct PeerRouterFold;
 
 struct TpComm {
   int rank = 0, size = 1;
@@ -22,6 +23,10 @@ struct TpComm {
   // out[i] = the sum over ranks of in[i] (in != out), and in[i] = 0 after: a rank's partial rows, zero
   // again for the next layer's partial without a memset of its own in the peer path.
   void reduce_into(float* in, float* out, size_t n, cudaStream_t s) const;
+  // One token's row (n = H) with the router folded into the sum (peer_allreduce.h's PeerRouterFold): only
+  // where folds_router says so (the peer path, H and E within its limits).
+  bool folds_router(size_t H, int E) const;
+  void reduce_into_router(float* in, float* out, size_t n, const PeerRouterFold& f, cudaStream_t s) const;
   // recv = every rank's `bytes`, in rank order; send may be recv + rank * bytes (in place).
   void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) const;
 };

@@ -86,6 +86,7 @@ class Forward {
   // The reduce points: the residual after the o-proj (x = the sum over ranks of `rows`), the experts'
   // outputs (decode: the per-slot rows).
   void reduce_after_attention(float* rows, float* x, size_t n);
+  void reduce_with_router(int l, float* rows, float* x);
   void reduce_after_experts(float* y, size_t n);
   // Layer l's expert weights offset so that a model expert id indexes them (expert parallelism: this GPU
   // holds experts [expert0, expert0 + held) only).

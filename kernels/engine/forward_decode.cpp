@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/attention_decode/attention_decode.h"
+#include "kernels/comm/peer_allreduce.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
@@ -54,9 +55,11 @@ void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_
   }
   probe_.reset_op_cursor(stream_);
   if (probe_.trace) probe_.trace_kind = 2;
-  // One token on the FP8 expert path: the router runs inside the o-proj (dense_o_proj_router_m1),
-  // whose integer sums start from zero; not under tensor parallelism, where it needs the summed rows.
-  const DecodeRows r{&st, t0, M, one_token_per_seq, cuda::mxfp4_moe_one_token_fp8(M) && !tp()};
+  // One token on the FP8 expert path: the router runs inside the o-proj (dense_o_proj_router_m1), or under
+  // tensor parallelism inside the peer sum after it, which holds the summed row; its integer sums start
+  // from zero.
+  const DecodeRows r{&st, t0, M, one_token_per_seq,
+                     cuda::mxfp4_moe_one_token_fp8(M) && (!tp() || opt_.tp->folds_router(shape_.H, shape_.E))};
   if (r.fused_router)
     MX_CUDA(cudaMemsetAsync(act_.route_acc, 0, size_t(shape_.layers) * shape_.E * sizeof(long long), stream_));
   cuda::launch_embed_bf16(model_.embed, st.dev->tok + t0, act_.xa, M, shape_.H, stream_, act_.picked + t0);
@@ -74,7 +77,8 @@ void Forward::decode_layers(const DecodeRows& r) {
     qkv_rope_kv(r, l, x, y, x_next);
     attention(r, l);
     o_proj(r, l, x_next);
-    reduce_after_attention(o_proj_rows(x_next), x_next, size_t(r.M) * shape_.H);
+    if (r.fused_router && tp()) reduce_with_router(l, o_proj_rows(x_next), x_next);
+    else reduce_after_attention(o_proj_rows(x_next), x_next, size_t(r.M) * shape_.H);
     if (!r.fused_router) router(r, l, x_next);
     experts(r, l, x_next);
     reduce_after_experts(act_.ysl, size_t(r.M) * shape_.top_k * shape_.H);
@@ -134,7 +138,7 @@ void Forward::o_proj(const DecodeRows& r, int l, float* x_next) {
   const LayerSizes& ls = sizes_;
   const cuda::OProjParams op{act_.attn, L.o, L.o_b, o_proj_rows(x_next), r.M, shape_.H, shape_.q_dim(),
                              probe_.op_trace(l)};
-  if (r.fused_router) {
+  if (r.fused_router && !tp()) {
     if (!probe_.skips(kDecodeOProj))
       cuda::dense_o_proj_router_m1(
           {op, L.mlp_norm, L.router_w, act_.route_acc + size_t(l) * shape_.E, act_.ss_part, shape_.E}, stream_);
@@ -170,7 +174,7 @@ void Forward::experts(const DecodeRows& r, int l, float* x_next) {
   e.M = r.M; e.E = shape_.E; e.H = shape_.H; e.I = shape_.I; e.alpha = c.swiglu_alpha; e.limit = c.swiglu_limit;
   if (r.fused_router) {
     e.route_acc = act_.route_acc + size_t(l) * shape_.E;
-    e.ss_part = act_.ss_part; e.ss_parts = cuda::oproj_router_tiles(shape_.H);
+    e.ss_part = act_.ss_part; e.ss_parts = tp() ? cuda::kPeerMaxCtas : cuda::oproj_router_tiles(shape_.H);
     e.router_bias = L.router_b; e.norm_w = L.mlp_norm; e.h = x_next; e.eps = c.rms_norm_eps;
   }
   e.trace = probe_.op_trace(l);
@@ -236,6 +240,14 @@ void Forward::reduce_after_attention(float* rows, float* x, size_t n) {
   if (rows == x) opt_.tp->all_reduce_sum_f32(x, n, stream_);
   else opt_.tp->reduce_into(rows, x, n, stream_);
   mark("all_reduce", 0);
+}
+
+// One token under tensor parallelism: the sum after the o-proj also leaves the router's sums (PeerRouterFold).
+void Forward::reduce_with_router(int l, float* rows, float* x) {
+  const DeviceLayer& L = model_.layers[size_t(l)];
+  const cuda::PeerRouterFold f{L.mlp_norm, L.router_w, act_.route_acc + size_t(l) * shape_.E, act_.ss_part, shape_.E};
+  opt_.tp->reduce_into_router(rows, x, size_t(shape_.H), f, stream_);
+  mark("all_reduce_router", double(sizes_.router_w));
 }
 
 void Forward::reduce_after_experts(float* y, size_t n) {

@@ -7,13 +7,17 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "kernels/comm/nccl_comm.h"
 #include "kernels/comm/peer_allreduce.h"
+#include "kernels/decode/decode_gemv.h"
 
 namespace {
 using namespace mx;
@@ -156,6 +160,93 @@ TEST(PeerAllReduce, EqualsNccl) {
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
     EXPECT_EQ(peer[size_t(r)], nccl[size_t(r)]) << "rank " << r;
+  }
+}
+
+// The router folded into a one-token sum: the sums as reduce_into's, and route_acc / ss_part equal on
+// every rank and bit for bit to a CPU replay of the kernel's slices (same fmaf order, same warp tree), on
+// the float4 path (H 2880) and the float path (H 1001), 128 and 32 experts.
+TEST(PeerAllReduce, RouterFoldMatchesItsCpuReplay) {
+  const int world = gpus();
+  if (world < 2) GTEST_SKIP() << "needs two GPUs";
+  const int kCtas = cuda::kPeerMaxCtas;
+  for (const auto& [H, E] : {std::pair<int, int>{2880, 128}, {1001, 32}}) {
+    cuda::PeerAllReduce ar(world, 4096);  // every rank joins once
+    std::mt19937 rng(uint32_t(H + E));
+    std::vector<uint16_t> w(size_t(E) * H), g(static_cast<size_t>(H));
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (auto& x : w) x = f32_to_bf16(u(rng));
+    for (auto& x : g) x = f32_to_bf16(u(rng));
+    // The summed row (exact in any order), then the CPU replay of each CTA's slice.
+    std::vector<float> h(static_cast<size_t>(H));
+    for (int i = 0; i < H; ++i)
+      for (int q = 0; q < world; ++q) h[size_t(i)] += value(q, 3, size_t(i));
+    const int W = H % 4 == 0 ? 4 : 1;
+    const size_t units = size_t(H / W), per = (units + kCtas - 1) / kCtas;
+    std::vector<long long> acc(static_cast<size_t>(E), 0);
+    std::vector<float> ss(static_cast<size_t>(kCtas), 0.f);
+    for (int b = 0; b < kCtas; ++b) {
+      const size_t begin = std::min(units, size_t(b) * per), end = std::min(units, begin + per);
+      const int rows = int(end - begin) * W, row0 = int(begin) * W;
+      for (int e = 0; e < E; ++e) {
+        float a = 0.f;
+        for (int j = 0; j < rows; ++j)
+          a = std::fma(bf16_to_f32(w[size_t(e) * H + row0 + j]) * bf16_to_f32(g[size_t(row0 + j)]), h[size_t(row0 + j)], a);
+        acc[size_t(e)] += std::llrint(std::fmin(std::fmax(a, -134217728.f), 134217728.f) * cuda::kRouteAccScale);
+      }
+      float lane[32] = {};
+      for (int l = 0; l < 32; ++l)
+        for (int j = l; j < rows; j += 32) lane[l] = std::fma(h[size_t(row0 + j)], h[size_t(row0 + j)], lane[l]);
+      for (int o = 16; o > 0; o >>= 1) {
+        float next[32];
+        for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ o];
+        std::copy(next, next + 32, lane);
+      }
+      ss[size_t(b)] = lane[0];
+    }
+    std::vector<std::string> bad(static_cast<size_t>(world));
+    auto errors = on_ranks(world, [&](int r) {
+      ar.join(r);
+      cudaStream_t s;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      uint16_t *dw = nullptr, *dg = nullptr;
+      float *in = nullptr, *out = nullptr, *dss = nullptr;
+      long long* dacc = nullptr;
+      cudaMalloc(&dw, w.size() * 2);
+      cudaMalloc(&dg, g.size() * 2);
+      cudaMalloc(&in, size_t(H) * 4);
+      cudaMalloc(&out, size_t(H) * 4);
+      cudaMalloc(&dss, size_t(kCtas) * 4);
+      cudaMalloc(&dacc, size_t(E) * 8);
+      cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(dg, g.data(), g.size() * 2, cudaMemcpyHostToDevice);
+      std::vector<float> hin(static_cast<size_t>(H));
+      for (int i = 0; i < H; ++i) hin[size_t(i)] = value(r, 3, size_t(i));
+      for (int rep = 0; rep < 3; ++rep) {  // rank 0 in place (its residual), the others out of place
+        float* o = r == 0 ? in : out;
+        cudaMemcpy(in, hin.data(), size_t(H) * 4, cudaMemcpyHostToDevice);
+        cudaMemset(dacc, 0, size_t(E) * 8);
+        cudaMemset(dss, 0xff, size_t(kCtas) * 4);
+        ar.reduce_into_router(r, in, o, size_t(H), cuda::PeerRouterFold{dg, dw, dacc, dss, E}, s);
+        cudaStreamSynchronize(s);
+        std::vector<float> got(static_cast<size_t>(H)), gss(static_cast<size_t>(kCtas));
+        std::vector<long long> gacc(static_cast<size_t>(E));
+        cudaMemcpy(got.data(), o, size_t(H) * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(gss.data(), dss, size_t(kCtas) * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(gacc.data(), dacc, size_t(E) * 8, cudaMemcpyDeviceToHost);
+        std::string& why = bad[size_t(r)];
+        if (got != h && why.empty()) why = "sums differ, H " + std::to_string(H);
+        if (gacc != acc && why.empty()) why = "route_acc differs, H " + std::to_string(H);
+        if (gss != ss && why.empty()) why = "ss_part differs, H " + std::to_string(H);
+      }
+      if (cudaGetLastError() != cudaSuccess) bad[size_t(r)] = "CUDA error";
+      cudaFree(dw), cudaFree(dg), cudaFree(in), cudaFree(out), cudaFree(dss), cudaFree(dacc);
+      cudaStreamDestroy(s);
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+      EXPECT_EQ(bad[size_t(r)], "") << "rank " << r;
+    }
   }
 }
 
