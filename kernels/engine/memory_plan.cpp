@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kernels/attention_decode/attention_decode.h"
+#include "kernels/comm/peer_allreduce.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
 #include "kernels/decode/decode_kernels.h"
@@ -41,7 +42,8 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
       E * 4, (E + 1) * 4, T * k * 4, T * k * 4, size_t(p.moe_max_tiles) * 4, size_t(p.moe_max_tiles) * 4, 4,
       T * k * 4, cuda::argmax_scratch_floats(int(S), int(V), d.tp_size) * 4,      // moe routing, argmax
       cuda::decode_step_counter_words(d.layers) * 4, size_t(d.layers) * sizeof(cuda::DecodeStepLayer),
-      size_t(d.layers) * E * 8, size_t(cuda::oproj_router_tiles(d.H)) * 4,
+      size_t(d.layers) * E * 8,  // route_acc; ss_part: the fused o-proj's tiles or, under TP, the peer sum's CTAs
+      size_t(std::max(cuda::oproj_router_tiles(d.H), d.tp_size > 1 ? cuda::kPeerMaxCtas : 0)) * 4,
       cuda::attention_decode_mma_scratch_words(std::max(cuda::kDecodeMaxTokens, p.S), d.Hkv) * 8, S * 4,
       dense_scratch_elems(d) * 2, d.tp_size > 1 ? S * V * 4 : 0,
       d.tp_size > 1 ? size_t(cuda::kDecodeMaxTokens) * H * 4 : 0};
