@@ -1,10 +1,12 @@
 // The one-shot peer all-reduce (peer_allreduce.h). Each CTA owns a slice of the message: it pushes its
 // slice into every peer's staging (stores over NVLink are posted, so a wide step's slice does not wait on
-// the link's latency load by load), raises its flags, waits for the peers', and sums its slice from its own
-// input and the staged copies, so no grid-wide barrier is needed. Flags hold the CTA's call count (epoch),
-// which only grows, so they are never reset; staging alternates by the epoch's parity, so a rank's next call
-// never overwrites what a slow peer still reads (a rank pushes call k + 1 only after every peer raised its
-// flag for call k, which a peer does only after its call k - 1 finished).
+// the link's latency load by load) and sums its slice from its own input and the staged copies, so no
+// grid-wide barrier is needed. The data is its own flag: staging holds kPeerEmpty (a NaN bit pattern no
+// pushed value has: senders replace it by another NaN) until a peer's value lands, the reader polls the
+// values themselves and writes kPeerEmpty back once read, so a sum costs one trip over the link (no fence
+// or flag after the pushes). Staging rotates over three buffers by the CTA's call count (epoch): a peer
+// pushes call k + 3 into this buffer only after this rank pushed call k + 2, which it does two kernel
+// boundaries after its call k (and its reset of the buffer) finished; two buffers would leave one.
 #include "kernels/comm/peer_allreduce.h"
 
 #include <chrono>
@@ -22,13 +24,41 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;  // elements a thread has in flight: the sum's staged loads issue together
 
-__device__ __forceinline__ void st_release_sys(unsigned* p, unsigned v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+constexpr unsigned kPeerEmpty = 0xffffffffu;  // cudaMemset(0xff): the staging's "not arrived yet"
+
+// Stores to a peer and polls of this rank's staging at system scope: relaxed (no ordering needed, each
+// 32-bit value is its own flag) but never served from L1.
+__device__ __forceinline__ void st_sys(float* p, float v) {
+  asm volatile("st.relaxed.sys.global.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
 }
-__device__ __forceinline__ unsigned ld_acquire_sys(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ void st_sys(float4* p, float4 v) {
+  asm volatile("st.relaxed.sys.global.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w) : "memory");
+}
+__device__ __forceinline__ float ld_sys(const float* p) {
+  float v;
+  asm volatile("ld.relaxed.sys.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
   return v;
+}
+__device__ __forceinline__ float4 ld_sys(const float4* p) {
+  float4 v;
+  asm volatile("ld.relaxed.sys.global.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ bool empty(float v) { return __float_as_uint(v) == kPeerEmpty; }
+__device__ __forceinline__ bool empty(float4 v) { return empty(v.x) || empty(v.y) || empty(v.z) || empty(v.w); }
+// A value as pushed: kPeerEmpty's bits become another NaN (the sum is NaN either way).
+__device__ __forceinline__ float pushed(float v) { return empty(v) ? __uint_as_float(0x7fffffffu) : v; }
+__device__ __forceinline__ float4 pushed(float4 v) { return {pushed(v.x), pushed(v.y), pushed(v.z), pushed(v.w)}; }
+template <class T>
+__device__ __forceinline__ T empties();
+template <>
+__device__ __forceinline__ float empties<float>() { return __uint_as_float(kPeerEmpty); }
+template <>
+__device__ __forceinline__ float4 empties<float4>() {
+  const float e = __uint_as_float(kPeerEmpty);
+  return {e, e, e, e};
 }
 
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
@@ -69,37 +99,40 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
     for (int k = tid; k < rows; k += kThreads) g_s[k] = __uint_as_float(uint32_t(f.norm_w[row0 + k]) << 16);
   }
   pdl_wait();  // the kernel before wrote `in`
-  // The next kernel may launch now and issue its weight loads while the ranks exchange flags; it reads
+  // The next kernel may launch now and issue its weight loads while the ranks exchange rows; it reads
   // the sums only after its own pdl_wait, which waits for this grid to finish.
   pdl_launch_dependents();
   const size_t stride = v.max_elems * sizeof(float) / sizeof(T);  // one source rank's region of a staging buffer
   const unsigned e = v.epoch[b] + 1;
-  const int slot = e & 1;
+  const int buf = int(e % kPeerStageBufs);
   for (size_t i = begin + tid; i < end; i += kThreads) {
-    const T x = in[i];
+    const T x = pushed(in[i]);
     for (int r = 0; r < v.world; ++r)
-      if (r != me) reinterpret_cast<T*>(v.stage[r][slot])[size_t(me) * stride + i] = x;
+      if (r != me) st_sys(reinterpret_cast<T*>(v.stage[r][buf]) + size_t(me) * stride + i, x);
   }
-  __syncthreads();
-  if (tid == 0) __threadfence_system();  // this CTA's pushes reach the peers before its flags
-  __syncthreads();
-  if (tid < v.world) st_release_sys(v.flags[tid] + me * kPeerMaxCtas + b, e);
-  if (tid < v.world)
-    while (ld_acquire_sys(v.flags[me] + tid * kPeerMaxCtas + b) < e) {
-    }
-  __syncthreads();
-  const T* staged = reinterpret_cast<const T*>(v.stage[me][slot]);
+  T* staged = reinterpret_cast<T*>(v.stage[me][buf]);
   for (size_t i0 = begin + tid; i0 < end; i0 += size_t(kThreads) * kUnroll) {
     T s[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) s[u] = zero<T>();
-    for (int r = 0; r < v.world; ++r)
+    for (int r = 0; r < v.world; ++r) {  // in rank order: every rank sums the same bits
+      T p[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {  // the loads issue together; each polls on until its value landed
+        const size_t i = i0 + size_t(u) * kThreads;
+        if (i < end) p[u] = r == me ? in[i] : ld_sys(staged + size_t(r) * stride + i);
+      }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const size_t i = i0 + size_t(u) * kThreads;
-        // The peers' rows not from L1: a line of this buffer two calls back may still sit there.
-        if (i < end) s[u] = add(s[u], r == me ? in[i] : __ldcg(staged + size_t(r) * stride + i));
+        if (i >= end) continue;
+        if (r != me) {
+          while (empty(p[u])) p[u] = ld_sys(staged + size_t(r) * stride + i);
+          staged[size_t(r) * stride + i] = empties<T>();  // ready for call e + 3
+        }
+        s[u] = add(s[u], p[u]);
       }
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const size_t i = i0 + size_t(u) * kThreads;
@@ -156,9 +189,7 @@ PeerAllReduce::~PeerAllReduce() {
     if (devices_[size_t(r)] < 0) continue;
     cudaSetDevice(devices_[size_t(r)]);
     const PeerAllReduceView& v = views_[size_t(r)];
-    cudaFree(v.stage[r][0]);
-    cudaFree(v.stage[r][1]);
-    cudaFree(v.flags[r]);
+    for (float* p : v.stage[r]) cudaFree(p);
     cudaFree(v.epoch);
   }
 }
@@ -167,21 +198,19 @@ void PeerAllReduce::join(int rank) {
   int dev = 0;
   MX_CUDA(cudaGetDevice(&dev));
   PeerAllReduceView& mine = views_[size_t(rank)];
-  float* stage[2];
-  unsigned *flags, *epoch;
-  MX_CUDA(cudaMalloc(&stage[0], size_t(world_) * max_elems_ * 4));  // a region for each source rank
-  MX_CUDA(cudaMalloc(&stage[1], size_t(world_) * max_elems_ * 4));
-  MX_CUDA(cudaMalloc(&flags, kPeerMaxRanks * kPeerMaxCtas * 4));
+  float* stage[kPeerStageBufs];
+  unsigned* epoch;
+  for (float*& p : stage) {  // a region for each source rank, all empty
+    MX_CUDA(cudaMalloc(&p, size_t(world_) * max_elems_ * 4));
+    MX_CUDA(cudaMemset(p, 0xff, size_t(world_) * max_elems_ * 4));
+  }
   MX_CUDA(cudaMalloc(&epoch, kPeerMaxCtas * 4));
-  MX_CUDA(cudaMemset(flags, 0, kPeerMaxRanks * kPeerMaxCtas * 4));
   MX_CUDA(cudaMemset(epoch, 0, kPeerMaxCtas * 4));
-  MX_CUDA(cudaDeviceSynchronize());  // zeroed before any peer can raise a flag here
+  MX_CUDA(cudaDeviceSynchronize());  // empty before any peer can push here
   std::unique_lock<std::mutex> lk(mu_);
   devices_[size_t(rank)] = dev;
   for (PeerAllReduceView& v : views_) {  // publish this rank's buffers in every rank's view
-    v.stage[rank][0] = stage[0];
-    v.stage[rank][1] = stage[1];
-    v.flags[rank] = flags;
+    for (int k = 0; k < kPeerStageBufs; ++k) v.stage[rank][k] = stage[k];
   }
   mine.epoch = epoch;
   mine.rank = rank;
@@ -229,7 +258,7 @@ void PeerAllReduce::launch(int rank, float* in, float* out, size_t n, const Peer
   if (n > max_elems_) throw_error("PeerAllReduce: " + std::to_string(n) + " values, at most " + std::to_string(max_elems_));
   if (n == 0) return;
   // Always every CTA (some with nothing to copy): their call counts stay equal, so a call's CTAs all use
-  // the same staging parity whatever the sizes of the calls before.
+  // the same staging buffer whatever the sizes of the calls before.
   const PeerAllReduceView& v = views_[size_t(rank)];
   const bool vec = n % 4 == 0 && ((reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
   const PeerRouterFold f = fold ? *fold : PeerRouterFold{};

@@ -1,7 +1,7 @@
 // A one-shot all-reduce over peer memory (NVLink) for the messages of decode steps: each rank pushes its
-// input into every peer's staging buffer, raises its flag in every peer's flag words, waits for every
-// peer's flag, and sums its own input and the staged copies (in rank order, so every rank gets the same
-// bits) into its output. One kernel, no NCCL call: a decode step's all-reduces are 10 KB to a few MB, where
+// input into every peer's staging buffer, polls its own staging until every peer's values landed (the
+// values are their own flags), and sums its own input and the staged copies (in rank order, so every rank
+// gets the same bits) into its output. One kernel, no NCCL call: a decode step's all-reduces are 10 KB to a few MB, where
 // NCCL's ring pays its protocol; larger messages go to NCCL (nccl_comm.h). Ranks are threads of one process,
 // one device each, with peer access between all of them. Enqueued on a stream; CUDA graphs capture it (its
 // state lives in device memory).
@@ -18,12 +18,12 @@ namespace mx::cuda {
 
 constexpr int kPeerMaxRanks = 8;
 constexpr int kPeerMaxCtas = 32;
+constexpr int kPeerStageBufs = 3;  // staging buffers a rank, in turn by call (peer_allreduce.cu says why three)
 
 // What one rank's kernel reads (pointers of every rank's buffers, usable through peer access).
 struct PeerAllReduceView {
-  float* stage[kPeerMaxRanks][2] = {};  // each rank's staging, two (by call parity) of world x max_elems
-  unsigned* flags[kPeerMaxRanks] = {};  // each rank's flag words [kPeerMaxRanks * kPeerMaxCtas]
-  unsigned* epoch = nullptr;            // this rank's per-CTA call counters [kPeerMaxCtas]
+  float* stage[kPeerMaxRanks][kPeerStageBufs] = {};  // each rank's staging: world x max_elems each
+  unsigned* epoch = nullptr;                         // this rank's per-CTA call counters [kPeerMaxCtas]
   int rank = 0, world = 1;
   size_t max_elems = 0;
 };

@@ -1,13 +1,15 @@
 // The one-shot peer all-reduce (kernels/comm/peer_allreduce.h) between the GPUs of this machine, one thread
 // each: exact sums for message sizes from one value to past one CTA's share, many calls in a row (the
-// epochs and the alternating buffers), out of place with the input zeroed, a captured CUDA graph replayed,
+// epochs and the staging buffers in turn), out of place with the input zeroed, a captured CUDA graph replayed,
 // and the same result as NCCL's all-reduce; buffers 16-byte aligned (the float4 path) or not (the float
 // path). Values are small multiples of 1/2, so every order of summation is exact. Needs two GPUs.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
 #include <thread>
@@ -115,6 +117,49 @@ TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
     }
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
+    if (cudaGetLastError() != cudaSuccess) bad[size_t(r)] = "CUDA error";
+    cudaFree(d);
+    cudaStreamDestroy(s);
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+    EXPECT_EQ(bad[size_t(r)], "") << "rank " << r;
+  }
+}
+
+// The staging's "not arrived" mark (the bits 0xffffffff, a NaN) as an input value: pushed as another NaN, so
+// no rank waits for it; the sum is NaN there and exact elsewhere, -0.0 included, over calls in a row (every
+// staging buffer in turn, float4 and float paths). A hang here is a stalled poll.
+TEST(PeerAllReduce, AnInputWithTheEmptyMarkDoesNotStall) {
+  const int world = gpus();
+  if (world < 2) GTEST_SKIP() << "needs two GPUs";
+  const size_t n = 2880;
+  cuda::PeerAllReduce ar(world, n + 1);
+  std::vector<std::string> bad(static_cast<size_t>(world));
+  auto errors = on_ranks(world, [&](int r) {
+    ar.join(r);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    float* d = nullptr;
+    cudaMalloc(&d, (n + 1) * 4);
+    std::vector<float> h(n), got(n);
+    for (int call = 0; call < 7; ++call) {
+      float* p = d + call % 2;  // d + 1: the float path
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t bits = i % 97 == 5 ? 0xffffffffu : i % 89 == 3 ? 0x80000000u : 0u;
+        h[i] = bits ? std::bit_cast<float>(bits) : value(r, call, i);
+      }
+      cudaMemcpyAsync(p, h.data(), n * 4, cudaMemcpyHostToDevice, s);
+      ar.all_reduce_sum_f32(r, p, n, s);
+      cudaStreamSynchronize(s);
+      cudaMemcpy(got.data(), p, n * 4, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < n && bad[size_t(r)].empty(); ++i) {
+        float want = 0;
+        for (int q = 0; q < world; ++q) want += i % 97 == 5 ? NAN : i % 89 == 3 ? -0.f : value(q, call, i);
+        const bool ok = std::isnan(want) ? std::isnan(got[i]) : got[i] == want;
+        if (!ok) bad[size_t(r)] = "call " + std::to_string(call) + " i " + std::to_string(i);
+      }
+    }
     if (cudaGetLastError() != cudaSuccess) bad[size_t(r)] = "CUDA error";
     cudaFree(d);
     cudaStreamDestroy(s);
