@@ -49,6 +49,14 @@ std::vector<std::string> on_ranks(int world, F f) {
   return errors;
 }
 
+// No exception (errors) and no wrong value (bad) on any rank.
+void expect_every_rank_fine(const std::vector<std::string>& errors, const std::vector<std::string>& bad) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    EXPECT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_EQ(bad[r], "") << "rank " << r;
+  }
+}
+
 TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
   const int world = gpus();
   if (world < 2) GTEST_SKIP() << "needs two GPUs";
@@ -121,10 +129,7 @@ TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
     cudaFree(d);
     cudaStreamDestroy(s);
   });
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
-    EXPECT_EQ(bad[size_t(r)], "") << "rank " << r;
-  }
+  expect_every_rank_fine(errors, bad);
 }
 
 // The staging's "not arrived" mark (the bits 0xffffffff, a NaN) as an input value: pushed as another NaN, so
@@ -164,10 +169,7 @@ TEST(PeerAllReduce, AnInputWithTheEmptyMarkDoesNotStall) {
     cudaFree(d);
     cudaStreamDestroy(s);
   });
-  for (int r = 0; r < world; ++r) {
-    EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
-    EXPECT_EQ(bad[size_t(r)], "") << "rank " << r;
-  }
+  expect_every_rank_fine(errors, bad);
 }
 
 TEST(PeerAllReduce, EqualsNccl) {
@@ -288,10 +290,7 @@ TEST(PeerAllReduce, RouterFoldMatchesItsCpuReplay) {
       cudaFree(dw), cudaFree(dg), cudaFree(in), cudaFree(out), cudaFree(dss), cudaFree(dacc);
       cudaStreamDestroy(s);
     });
-    for (int r = 0; r < world; ++r) {
-      EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
-      EXPECT_EQ(bad[size_t(r)], "") << "rank " << r;
-    }
+    expect_every_rank_fine(errors, bad);
   }
 }
 
