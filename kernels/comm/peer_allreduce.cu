@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/device_math.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/decode/decode_gemv.h"
 
@@ -51,26 +52,17 @@ __device__ __forceinline__ bool empty(float4 v) { return empty(v.x) || empty(v.y
 // A value as pushed: kPeerEmpty's bits become another NaN (the sum is NaN either way).
 __device__ __forceinline__ float pushed(float v) { return empty(v) ? __uint_as_float(0x7fffffffu) : v; }
 __device__ __forceinline__ float4 pushed(float4 v) { return {pushed(v.x), pushed(v.y), pushed(v.z), pushed(v.w)}; }
+// v in every lane of T (float or float4).
 template <class T>
-__device__ __forceinline__ T empties();
-template <>
-__device__ __forceinline__ float empties<float>() { return __uint_as_float(kPeerEmpty); }
-template <>
-__device__ __forceinline__ float4 empties<float4>() {
-  const float e = __uint_as_float(kPeerEmpty);
-  return {e, e, e, e};
+__device__ __forceinline__ T splat(float v) {
+  if constexpr (sizeof(T) == sizeof(float4)) return {v, v, v, v};
+  else return v;
 }
+template <class T>
+__device__ __forceinline__ T empties() { return splat<T>(__uint_as_float(kPeerEmpty)); }
 
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 add(float4 a, float4 b) { return {a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w}; }
-template <class T>
-__device__ __forceinline__ T zero();
-template <>
-__device__ __forceinline__ float zero<float>() { return 0.f; }
-template <>
-__device__ __forceinline__ float4 zero<float4>() { return {0.f, 0.f, 0.f, 0.f}; }
-
-__device__ __forceinline__ float bf16_f(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
 
 // out[i] = sum over ranks of in[i] (in rank order: every rank gets the same bits); zero_in (in != out):
 // in[i] = 0 once read. T is float4 when the pointers are 16-byte aligned and n a multiple of 4, else float;
@@ -96,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
       for (int u = 0; u < kWL; ++u)
         wr[u] = tid < f.E && 4 * u < rows ? __ldg(reinterpret_cast<const uint2*>(wrow) + u) : make_uint2(0, 0);
     }
-    for (int k = tid; k < rows; k += kThreads) g_s[k] = __uint_as_float(uint32_t(f.norm_w[row0 + k]) << 16);
+    for (int k = tid; k < rows; k += kThreads) g_s[k] = bf(f.norm_w[row0 + k]);
   }
   pdl_wait();  // the kernel before wrote `in`
   // The next kernel may launch now and issue its weight loads while the ranks exchange rows; it reads
@@ -114,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
   for (size_t i0 = begin + tid; i0 < end; i0 += size_t(kThreads) * kUnroll) {
     T s[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) s[u] = zero<T>();
+    for (int u = 0; u < kUnroll; ++u) s[u] = splat<T>(0.f);
     for (int r = 0; r < v.world; ++r) {  // in rank order: every rank sums the same bits
       T p[kUnroll];
 #pragma unroll
@@ -137,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
     for (int u = 0; u < kUnroll; ++u) {
       const size_t i = i0 + size_t(u) * kThreads;
       if (i >= end) continue;
-      if (zero_in) in[i] = zero<T>();
+      if (zero_in) in[i] = splat<T>(0.f);
       out[i] = s[u];
       if constexpr (kFold) *reinterpret_cast<T*>(h_s + (i - begin) * W) = s[u];
     }
@@ -154,13 +146,13 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
           const uint32_t pr[2] = {wr[u].x, wr[u].y};
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            const float w = __uint_as_float(c & 1 ? pr[c >> 1] & 0xffff0000u : pr[c >> 1] << 16);
+            const float w = bf(uint16_t(pr[c >> 1] >> (16 * (c & 1))));
             a = fmaf(w * g_s[4 * u + c], h_s[4 * u + c], a);
           }
         }
       } else {
         const uint16_t* wrow = f.router_w + size_t(tid) * size_t(n) + row0;
-        for (int j = 0; j < rows; ++j) a = fmaf(bf16_f(wrow[j]) * g_s[j], h_s[j], a);
+        for (int j = 0; j < rows; ++j) a = fmaf(bf(wrow[j]) * g_s[j], h_s[j], a);
       }
       // |a| < 2^27 keeps 32 slices' sum inside int64 at 2^28 (saturated, never wrapped).
       const long long q = __float2ll_rn(fminf(fmaxf(a, -134217728.f), 134217728.f) * kRouteAccScale);
