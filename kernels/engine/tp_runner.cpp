@@ -17,7 +17,9 @@
 namespace mx {
 namespace {
 constexpr double kJoinTimeoutS = 120;  // NCCL's set-up: every rank joins within this
-constexpr int kPeerSumRows = 256;      // a wide step's rows summed over peer memory at two GPUs (fewer at more)
+// A wide step's rows summed over peer memory: at two GPUs up to 512, at more 256 / (ranks - 1) (docs/perf.md,
+// sessions 34 and 36: the one-shot push moves ranks - 1 times the ring's bytes).
+constexpr int kPeerSumRowsTwoGpus = 512, kPeerSumRowsMore = 256;
 
 // What every node must agree on (the same steps, shapes and paths); the model path may differ by host.
 std::string agreed_flags(const CudaEngineOptions& o) {
@@ -64,7 +66,8 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
   // rows), and the wide steps' rows up to a size where NCCL's ring, which moves fewer bytes than a one-shot
   // push to every peer, catches up (docs/perf.md, session 34).
   const size_t decode_sum = size_t(cuda::kDecodeMaxTokens) * cfg.experts_per_token * cfg.hidden_size;
-  const size_t wide_sum = size_t(kPeerSumRows) * cfg.hidden_size / size_t(std::max(1, local - 1));
+  const size_t wide_rows = local == 2 ? size_t(kPeerSumRowsTwoGpus) : size_t(kPeerSumRowsMore) / size_t(std::max(1, local - 1));
+  const size_t wide_sum = wide_rows * cfg.hidden_size;
   if (peers) peer_ = std::make_unique<cuda::PeerAllReduce>(local, std::max(decode_sum, wide_sum));
   nccl_.resize(size_t(local));
   comms_.resize(size_t(local));

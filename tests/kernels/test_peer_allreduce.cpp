@@ -60,9 +60,9 @@ void expect_every_rank_fine(const std::vector<std::string>& errors, const std::v
 TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
   const int world = gpus();
   if (world < 2) GTEST_SKIP() << "needs two GPUs";
-  const size_t max_n = 200000;
+  const size_t max_n = 512 * 2880 + 3;  // a wide step's 512 rows at TP=2, and a partial vector
   cuda::PeerAllReduce ar(world, max_n);
-  const std::vector<size_t> sizes = {1, 7, 1000, 1002, 23040, 92160, 184320, max_n};  // 184320: 64 rows of 2880
+  const std::vector<size_t> sizes = {1, 7, 1000, 1002, 23040, 92160, 184320, 737280, max_n};  // 64, 256 rows of 2880
   std::vector<std::string> bad(static_cast<size_t>(world));
   auto errors = on_ranks(world, [&](int r) {
     ar.join(r);
