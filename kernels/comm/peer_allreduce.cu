@@ -170,44 +170,55 @@ __global__ void __launch_bounds__(kThreads) peer_allreduce_k(PeerAllReduceView v
 
 }  // namespace
 
-PeerAllReduce::PeerAllReduce(int world, size_t max_elems)
-    // Whole float4s: each source rank's region of a staging buffer stays 16-byte aligned.
-    : world_(world), max_elems_((max_elems + 3) / 4 * 4), views_(size_t(world)), devices_(size_t(world), -1) {
+PeerAllReduce::PeerAllReduce(int world, size_t max_elems, size_t small_elems)
+    : world_(world), devices_(size_t(world), -1) {
   if (world < 1 || world > kPeerMaxRanks) throw_error("PeerAllReduce: 1.." + std::to_string(kPeerMaxRanks) + " ranks");
+  // Whole float4s: each source rank's region of a staging buffer stays 16-byte aligned.
+  small_elems = std::min(small_elems, max_elems);
+  elems_[0] = (small_elems + 3) / 4 * 4;
+  elems_[1] = max_elems > small_elems ? (max_elems + 3) / 4 * 4 : 0;
+  for (auto& v : views_) v.resize(size_t(world));
 }
 
 PeerAllReduce::~PeerAllReduce() {
   for (int r = 0; r < world_; ++r) {
     if (devices_[size_t(r)] < 0) continue;
     cudaSetDevice(devices_[size_t(r)]);
-    const PeerAllReduceView& v = views_[size_t(r)];
-    for (float* p : v.stage[r]) cudaFree(p);
-    cudaFree(v.epoch);
+    for (const auto& views : views_) {
+      const PeerAllReduceView& v = views[size_t(r)];
+      for (float* p : v.stage[r]) cudaFree(p);
+      cudaFree(v.epoch);
+    }
   }
 }
 
 void PeerAllReduce::join(int rank) {
   int dev = 0;
   MX_CUDA(cudaGetDevice(&dev));
-  PeerAllReduceView& mine = views_[size_t(rank)];
-  float* stage[kPeerStageBufs];
-  unsigned* epoch;
-  for (float*& p : stage) {  // a region for each source rank, all empty
-    MX_CUDA(cudaMalloc(&p, size_t(world_) * max_elems_ * 4));
-    MX_CUDA(cudaMemset(p, 0xff, size_t(world_) * max_elems_ * 4));
+  float* stage[2][kPeerStageBufs] = {};
+  unsigned* epoch[2] = {};
+  for (int c = 0; c < 2; ++c) {
+    if (!elems_[c]) continue;
+    for (float*& p : stage[c]) {  // a region for each source rank, all empty
+      MX_CUDA(cudaMalloc(&p, size_t(world_) * elems_[c] * 4));
+      MX_CUDA(cudaMemset(p, 0xff, size_t(world_) * elems_[c] * 4));
+    }
+    MX_CUDA(cudaMalloc(&epoch[c], size_t(kCtas[c]) * 4));
+    MX_CUDA(cudaMemset(epoch[c], 0, size_t(kCtas[c]) * 4));
   }
-  MX_CUDA(cudaMalloc(&epoch, kPeerMaxCtas * 4));
-  MX_CUDA(cudaMemset(epoch, 0, kPeerMaxCtas * 4));
   MX_CUDA(cudaDeviceSynchronize());  // empty before any peer can push here
   std::unique_lock<std::mutex> lk(mu_);
   devices_[size_t(rank)] = dev;
-  for (PeerAllReduceView& v : views_) {  // publish this rank's buffers in every rank's view
-    for (int k = 0; k < kPeerStageBufs; ++k) v.stage[rank][k] = stage[k];
+  for (int c = 0; c < 2; ++c) {
+    for (PeerAllReduceView& v : views_[c]) {  // publish this rank's buffers in every rank's view
+      for (int k = 0; k < kPeerStageBufs; ++k) v.stage[rank][k] = stage[c][k];
+    }
+    PeerAllReduceView& mine = views_[c][size_t(rank)];
+    mine.epoch = epoch[c];
+    mine.rank = rank;
+    mine.world = world_;
+    mine.max_elems = elems_[c];
   }
-  mine.epoch = epoch;
-  mine.rank = rank;
-  mine.world = world_;
-  mine.max_elems = max_elems_;
   ++joined_;
   cv_.notify_all();
   if (!cv_.wait_for(lk, std::chrono::seconds(120), [&] { return joined_ == world_ || failed_; }))
@@ -243,18 +254,21 @@ void PeerAllReduce::reduce_into(int rank, float* in, float* out, size_t n, cudaS
 void PeerAllReduce::reduce_into_router(int rank, float* in, float* out, size_t n, const PeerRouterFold& f,
                                        cudaStream_t s) const {
   if (!folds_router(n, f.E)) throw_error("PeerAllReduce: the router folds into rows of at most 4096 and 128 experts");
+  if (n > elems_[0]) throw_error("PeerAllReduce: the router folds into the small channel's sums only");
   launch(rank, in, out, n, &f, s);
 }
 
 void PeerAllReduce::launch(int rank, float* in, float* out, size_t n, const PeerRouterFold* fold, cudaStream_t s) const {
-  if (n > max_elems_) throw_error("PeerAllReduce: " + std::to_string(n) + " values, at most " + std::to_string(max_elems_));
+  if (n > max_elems())
+    throw_error("PeerAllReduce: " + std::to_string(n) + " values, at most " + std::to_string(max_elems()));
   if (n == 0) return;
-  // Always every CTA (some with nothing to copy): their call counts stay equal, so a call's CTAs all use
-  // the same staging buffer whatever the sizes of the calls before.
-  const PeerAllReduceView& v = views_[size_t(rank)];
+  // Always every CTA of the channel (some with nothing to copy): their call counts stay equal, so a call's
+  // CTAs all use the same staging buffer whatever the sizes of the channel's calls before.
+  const int c = n <= elems_[0] ? 0 : 1;
+  const PeerAllReduceView& v = views_[c][size_t(rank)];
   const bool vec = n % 4 == 0 && ((reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) & 15) == 0;
   const PeerRouterFold f = fold ? *fold : PeerRouterFold{};
-  const dim3 grid(kPeerMaxCtas), block(kThreads);
+  const dim3 grid(kCtas[c]), block(kThreads);
   float4 *in4 = reinterpret_cast<float4*>(in), *out4 = reinterpret_cast<float4*>(out);
   const int z = int(in != out);
   if (vec && fold) launch_pdl(peer_allreduce_k<float4, true>, grid, block, 0, s, v, in4, out4, n / 4, z, f);

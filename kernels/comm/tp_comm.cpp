@@ -20,7 +20,7 @@ void TpComm::reduce_into(float* in, float* out, size_t n, cudaStream_t s) const 
 }
 
 bool TpComm::folds_router(size_t H, int E) const {
-  return size > 1 && peer && H <= peer->max_elems() && PeerAllReduce::folds_router(H, E);
+  return size > 1 && peer && H <= peer->small_elems() && PeerAllReduce::folds_router(H, E);
 }
 
 void TpComm::reduce_into_router(float* in, float* out, size_t n, const PeerRouterFold& f, cudaStream_t s) const {

@@ -66,9 +66,10 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
   // rows), and the wide steps' rows up to a size where NCCL's ring, which moves fewer bytes than a one-shot
   // push to every peer, catches up (docs/perf.md, session 34).
   const size_t decode_sum = size_t(cuda::kDecodeMaxTokens) * cfg.experts_per_token * cfg.hidden_size;
-  const size_t wide_rows = local == 2 ? size_t(kPeerSumRowsTwoGpus) : size_t(kPeerSumRowsMore) / size_t(std::max(1, local - 1));
+  const size_t wide_rows =
+      local == 2 ? size_t(kPeerSumRowsTwoGpus) : size_t(kPeerSumRowsMore) / size_t(std::max(1, local - 1));
   const size_t wide_sum = wide_rows * cfg.hidden_size;
-  if (peers) peer_ = std::make_unique<cuda::PeerAllReduce>(local, std::max(decode_sum, wide_sum));
+  if (peers) peer_ = std::make_unique<cuda::PeerAllReduce>(local, std::max(decode_sum, wide_sum), decode_sum);
   nccl_.resize(size_t(local));
   comms_.resize(size_t(local));
   group_ = std::make_unique<RankGroup>(

@@ -1,8 +1,9 @@
 // The one-shot peer all-reduce (kernels/comm/peer_allreduce.h) between the GPUs of this machine, one thread
 // each: exact sums for message sizes from one value to past one CTA's share, many calls in a row (the
-// epochs and the staging buffers in turn), out of place with the input zeroed, a captured CUDA graph replayed,
-// and the same result as NCCL's all-reduce; buffers 16-byte aligned (the float4 path) or not (the float
-// path). Values are small multiples of 1/2, so every order of summation is exact. Needs two GPUs.
+// epochs and the staging buffers in turn, both channels interleaved), out of place with the input zeroed, a
+// captured CUDA graph replayed, and the same result as NCCL's all-reduce; buffers 16-byte aligned (the float4
+// path) or not (the float path). Values are small multiples of 1/2, so every order of summation is exact.
+// Needs two GPUs.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -61,7 +62,7 @@ TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
   const int world = gpus();
   if (world < 2) GTEST_SKIP() << "needs two GPUs";
   const size_t max_n = 512 * 2880 + 3;  // a wide step's 512 rows at TP=2, and a partial vector
-  cuda::PeerAllReduce ar(world, max_n);
+  cuda::PeerAllReduce ar(world, max_n, 92160);  // the small channel up to 32 rows, then the wide one
   const std::vector<size_t> sizes = {1, 7, 1000, 1002, 23040, 92160, 184320, 737280, max_n};  // 64, 256 rows of 2880
   std::vector<std::string> bad(static_cast<size_t>(world));
   auto errors = on_ranks(world, [&](int r) {
@@ -139,37 +140,39 @@ TEST(PeerAllReduce, AnInputWithTheEmptyMarkDoesNotStall) {
   const int world = gpus();
   if (world < 2) GTEST_SKIP() << "needs two GPUs";
   const size_t n = 2880;
-  cuda::PeerAllReduce ar(world, n + 1);
-  std::vector<std::string> bad(static_cast<size_t>(world));
-  auto errors = on_ranks(world, [&](int r) {
-    ar.join(r);
-    cudaStream_t s;
-    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    float* d = nullptr;
-    cudaMalloc(&d, (n + 1) * 4);
-    std::vector<float> h(n), got(n);
-    for (int call = 0; call < 7; ++call) {
-      float* p = d + call % 2;  // d + 1: the float path
-      for (size_t i = 0; i < n; ++i) {
-        uint32_t bits = i % 97 == 5 ? 0xffffffffu : i % 89 == 3 ? 0x80000000u : 0u;
-        h[i] = bits ? std::bit_cast<float>(bits) : value(r, call, i);
+  for (const size_t small : {n + 1, size_t(0)}) {  // the small channel, then the wide one
+    cuda::PeerAllReduce ar(world, n + 1, small);
+    std::vector<std::string> bad(static_cast<size_t>(world));
+    auto errors = on_ranks(world, [&](int r) {
+      ar.join(r);
+      cudaStream_t s;
+      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      float* d = nullptr;
+      cudaMalloc(&d, (n + 1) * 4);
+      std::vector<float> h(n), got(n);
+      for (int call = 0; call < 7; ++call) {
+        float* p = d + call % 2;  // d + 1: the float path
+        for (size_t i = 0; i < n; ++i) {
+          uint32_t bits = i % 97 == 5 ? 0xffffffffu : i % 89 == 3 ? 0x80000000u : 0u;
+          h[i] = bits ? std::bit_cast<float>(bits) : value(r, call, i);
+        }
+        cudaMemcpyAsync(p, h.data(), n * 4, cudaMemcpyHostToDevice, s);
+        ar.all_reduce_sum_f32(r, p, n, s);
+        cudaStreamSynchronize(s);
+        cudaMemcpy(got.data(), p, n * 4, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < n && bad[size_t(r)].empty(); ++i) {
+          float want = 0;
+          for (int q = 0; q < world; ++q) want += i % 97 == 5 ? NAN : i % 89 == 3 ? -0.f : value(q, call, i);
+          const bool ok = std::isnan(want) ? std::isnan(got[i]) : got[i] == want;
+          if (!ok) bad[size_t(r)] = "call " + std::to_string(call) + " i " + std::to_string(i);
+        }
       }
-      cudaMemcpyAsync(p, h.data(), n * 4, cudaMemcpyHostToDevice, s);
-      ar.all_reduce_sum_f32(r, p, n, s);
-      cudaStreamSynchronize(s);
-      cudaMemcpy(got.data(), p, n * 4, cudaMemcpyDeviceToHost);
-      for (size_t i = 0; i < n && bad[size_t(r)].empty(); ++i) {
-        float want = 0;
-        for (int q = 0; q < world; ++q) want += i % 97 == 5 ? NAN : i % 89 == 3 ? -0.f : value(q, call, i);
-        const bool ok = std::isnan(want) ? std::isnan(got[i]) : got[i] == want;
-        if (!ok) bad[size_t(r)] = "call " + std::to_string(call) + " i " + std::to_string(i);
-      }
-    }
-    if (cudaGetLastError() != cudaSuccess) bad[size_t(r)] = "CUDA error";
-    cudaFree(d);
-    cudaStreamDestroy(s);
-  });
-  expect_every_rank_fine(errors, bad);
+      if (cudaGetLastError() != cudaSuccess) bad[size_t(r)] = "CUDA error";
+      cudaFree(d);
+      cudaStreamDestroy(s);
+    });
+    expect_every_rank_fine(errors, bad);
+  }
 }
 
 TEST(PeerAllReduce, EqualsNccl) {
@@ -178,7 +181,7 @@ TEST(PeerAllReduce, EqualsNccl) {
   std::string why;
   if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;
   const size_t n = 92160;  // 8 tokens x 4 slots x 2880: the decode step's expert outputs
-  cuda::PeerAllReduce ar(world, n);
+  cuda::PeerAllReduce ar(world, n, n);
   const cuda::NcclId id = cuda::nccl_unique_id();
   std::vector<std::vector<float>> peer(static_cast<size_t>(world)), nccl(static_cast<size_t>(world));
   auto errors = on_ranks(world, [&](int r) {
@@ -218,7 +221,7 @@ TEST(PeerAllReduce, RouterFoldMatchesItsCpuReplay) {
   if (world < 2) GTEST_SKIP() << "needs two GPUs";
   const int kCtas = cuda::kPeerMaxCtas;
   for (const auto& [H, E] : {std::pair<int, int>{2880, 128}, {1001, 32}}) {
-    cuda::PeerAllReduce ar(world, 4096);  // every rank joins once
+    cuda::PeerAllReduce ar(world, 4096, 4096);  // every rank joins once
     std::mt19937 rng(uint32_t(H + E));
     std::vector<uint16_t> w(size_t(E) * H), g(static_cast<size_t>(H));
     std::uniform_real_distribution<float> u(-1.f, 1.f);
