@@ -58,6 +58,14 @@ void expect_every_rank_fine(const std::vector<std::string>& errors, const std::v
   }
 }
 
+// Rank r joins the all-reduce (a barrier with the other ranks) and gets a stream of its own for its calls.
+cudaStream_t join_rank(cuda::PeerAllReduce& ar, int r) {
+  ar.join(r);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  return s;
+}
+
 TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
   const int world = gpus();
   if (world < 2) GTEST_SKIP() << "needs two GPUs";
@@ -66,9 +74,7 @@ TEST(PeerAllReduce, ExactSumsManyCallsAndGraphReplays) {
   const std::vector<size_t> sizes = {1, 7, 1000, 1002, 23040, 92160, 184320, 737280, max_n};  // 64, 256 rows of 2880
   std::vector<std::string> bad(static_cast<size_t>(world));
   auto errors = on_ranks(world, [&](int r) {
-    ar.join(r);
-    cudaStream_t s;
-    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaStream_t s = join_rank(ar, r);
     float* d = nullptr;
     cudaMalloc(&d, (max_n + 1) * 4);
     float* p = d;  // d, or d + 1 (unaligned: the float path)
@@ -144,9 +150,7 @@ TEST(PeerAllReduce, AnInputWithTheEmptyMarkDoesNotStall) {
     cuda::PeerAllReduce ar(world, n + 1, small);
     std::vector<std::string> bad(static_cast<size_t>(world));
     auto errors = on_ranks(world, [&](int r) {
-      ar.join(r);
-      cudaStream_t s;
-      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      cudaStream_t s = join_rank(ar, r);
       float* d = nullptr;
       cudaMalloc(&d, (n + 1) * 4);
       std::vector<float> h(n), got(n);
@@ -256,9 +260,7 @@ TEST(PeerAllReduce, RouterFoldMatchesItsCpuReplay) {
     }
     std::vector<std::string> bad(static_cast<size_t>(world));
     auto errors = on_ranks(world, [&](int r) {
-      ar.join(r);
-      cudaStream_t s;
-      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      cudaStream_t s = join_rank(ar, r);
       uint16_t *dw = nullptr, *dg = nullptr;
       float *in = nullptr, *out = nullptr, *dss = nullptr;
       long long* dacc = nullptr;
