@@ -17,9 +17,9 @@
 namespace mx {
 namespace {
 constexpr double kJoinTimeoutS = 120;  // NCCL's set-up: every rank joins within this
-// A wide step's rows summed over peer memory: at two GPUs up to 512, at more 256 / (ranks - 1) (docs/perf.md,
+// A wide step's rows summed over peer memory: at two GPUs up to 1024, at more 256 / (ranks - 1) (docs/perf.md,
 // sessions 34 and 36: the one-shot push moves ranks - 1 times the ring's bytes).
-constexpr int kPeerSumRowsTwoGpus = 512, kPeerSumRowsMore = 256;
+constexpr int kPeerSumRowsTwoGpus = 1024, kPeerSumRowsMore = 256;
 
 // What every node must agree on (the same steps, shapes and paths); the model path may differ by host.
 std::string agreed_flags(const CudaEngineOptions& o) {
