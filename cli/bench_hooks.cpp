@@ -35,6 +35,7 @@ void CudaBenchHooks::changed() {
     if (ranks_.size() > 1) MX_CUDA(cudaSetDevice(int(i)));
     ranks_[i]->ahead_.active = false;
     ranks_[i]->graphs_.clear();  // captured with the old settings
+    ranks_[i]->wide_graphs_.clear();
   }
   if (ranks_.size() > 1) MX_CUDA(cudaSetDevice(0));
 }

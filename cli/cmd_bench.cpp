@@ -478,7 +478,7 @@ void add_bench_command(CLI::App& app) {
                   "(default; a summary goes to stderr) or the persistent step's items (--decode-step-min-tokens 1); "
                   "under --tensor-parallel-size, rank 0's");
   cmd->add_flag("--breakdown", o->breakdown, "per-kernel time and bytes of one decode step");
-  cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs)");
+  cmd->add_flag("--no-graphs", o->no_graphs, "launch decode kernels one by one (no CUDA graphs, narrow or wide)");
   cmd->add_option("--decode-step-min-tokens", o->decode_step_min_tokens,
                   "decode steps with at least this many tokens run as one persistent kernel, smaller ones as six "
                   "launches per layer (1: always persistent, 9: never; --breakdown always launches per op)")

@@ -110,6 +110,7 @@ CudaRunner::~CudaRunner() {
   cudaStreamSynchronize(stream_);
   cudaStreamSynchronize(copy_stream_);
   graphs_.clear();
+  wide_graphs_.clear();
   forward_.reset();
   for (auto e : done_) cudaEventDestroy(e);
   for (auto e : copied_) cudaEventDestroy(e);
@@ -134,6 +135,38 @@ void DecodeGraphs::clear() {
       cudaGraphExecDestroy(g);
       g = nullptr;
     }
+}
+
+cudaGraphExec_t WideGraphs::find(const WideGraphKey& k) {
+  for (Entry& e : e_)
+    if (e.key == k) {
+      e.used = ++clock_;
+      return e.exec;
+    }
+  return nullptr;
+}
+
+bool WideGraphs::repeats(const WideGraphKey& k) {
+  WideGraphKey a = k;
+  a.parity = last_.parity;
+  const bool same = a == last_;
+  last_ = k;
+  return same;
+}
+
+void WideGraphs::add(const WideGraphKey& k, cudaGraphExec_t g) {
+  if (int(e_.size()) >= kMax) {
+    auto lru = std::min_element(e_.begin(), e_.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
+    cudaGraphExecDestroy(lru->exec);
+    e_.erase(lru);
+  }
+  e_.push_back({k, g, ++clock_});
+}
+
+void WideGraphs::clear() {
+  for (Entry& e : e_) cudaGraphExecDestroy(e.exec);
+  e_.clear();
+  last_ = {};
 }
 
 std::unique_ptr<CudaRunnerBase> make_cuda_runner(const CudaEngineOptions& opt) {

@@ -40,7 +40,7 @@ struct CudaEngineOptions {
   // current step's results are read, fed by the GPU's picks: the GPU does not wait through the host's
   // turn. A next step() that asks for something else leaves that step's results unread (wasted work).
   bool decode_ahead = true;
-  bool use_graphs = true;  // decode steps of up to 8 sequences replay captured CUDA graphs
+  bool use_graphs = true;  // decode steps replay captured CUDA graphs (wide ones once their shape repeats)
   // --tensor-parallel-size and the rest (model/tensor_parallel.h): one GPU a rank, tp_runner.h.
   TensorParallel tp;
   double tp_step_timeout_s = 600;  // a rank whose step takes longer is taken for hung: the process exits

@@ -56,6 +56,13 @@ class Forward {
   void decode(const StepView& st, int t0, int M, int s0, int S, bool one_token_per_seq);
   // Prefill forward over all M tokens of the step; n_decode rows are single-token sequences.
   void prefill(const StepView& st, int M, int S, const std::vector<SeqRows>& seqs, int n_decode);
+  // The single-token rows' tensor-core attention splits in a prefill step (host-chosen launch shapes,
+  // so part of what a captured wide step depends on).
+  struct DecodeRowSplits {
+    int full = 0, sliding = 0, full_keys = 0, sliding_keys = 0;  // keys: a split's most
+    bool operator==(const DecodeRowSplits&) const = default;
+  };
+  DecodeRowSplits decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs, int n_decode) const;
 
  private:
   // The decode path's layer, op by op: `x` is the residual the layer reads (plus `y`, the previous
@@ -72,8 +79,6 @@ class Forward {
   void o_proj(const DecodeRows& r, int l, float* x_next);
   void router(const DecodeRows& r, int l, float* x_next);
   void experts(const DecodeRows& r, int l, float* x_next);
-  struct DecodeRowSplits { int full = 0, sliding = 0, full_keys = 0, sliding_keys = 0; };  // keys: a split's most
-  DecodeRowSplits decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs, int n_decode) const;
   double kv_bytes_read(const StepView& st, const std::vector<SeqRows>& seqs, int l) const;
   void final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0, int S);
   // Tensor parallelism (docs/tensor_parallel.md): the sum over ranks must hold the residual once. In a

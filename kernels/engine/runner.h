@@ -1,7 +1,8 @@
 // The CUDA runner: owns the device memory (memory_plan.h), the weights (device_model.h), the KV cache
 // and the forward (forward.h), and executes steps (step.cpp): each step's metadata is planned into a
-// pinned host buffer, copied on a copy stream, the forward enqueued (decode steps of up to 8
-// sequences as captured graphs), and the picks collected from mapped host memory. Decode ahead
+// pinned host buffer, copied on a copy stream, the forward enqueued (decode steps as captured graphs:
+// up to 8 sequences on the decode path, wider ones on the prefill path once their shape repeats), and
+// the picks collected from mapped host memory. Decode ahead
 // enqueues the next one-token step before the current one's results are read.
 #pragma once
 #include <cuda_runtime.h>
@@ -32,6 +33,7 @@ struct StepPlan {
   bool filters = false;      // GPU top-k / top-p / min-p after the pick
   bool need_logits = false;  // logits copied to the host (host sampling or keep_logits)
   bool graph = false;        // runs as a captured decode graph
+  bool wide_graph = false;   // a wide decode step: replays a captured graph where WideGraphs has one
   bool attn_long = false;    // a context past the tensor-core attention's one pass
   std::vector<int> sample_seq;  // the sequence index of each sampled row
   std::vector<SeqRows> layout;  // per sequence
@@ -72,6 +74,41 @@ class DecodeGraphs {
   std::array<cudaGraphExec_t, (cuda::kDecodeMaxTokens + 1) * 8> g_{};
 };
 
+// Captured wide decode steps (single-token rows only, on the prefill forward, every row sampled), one
+// per key: what changes their launches.
+struct WideGraphKey {
+  int tokens = 0;
+  int parity = 0;
+  bool attn_long = false, full_logits = false;
+  Forward::DecodeRowSplits splits;
+  bool operator==(const WideGraphKey&) const = default;
+};
+// A shape is captured when a wide step repeats the shape of the wide step before it (a load's steady
+// phases), so a shape seen once stays eager and costs no capture; the least recently used of more than
+// kMax graphs is dropped.
+class WideGraphs {
+ public:
+  static constexpr int kMax = 8;
+  WideGraphs() = default;
+  WideGraphs(const WideGraphs&) = delete;
+  WideGraphs& operator=(const WideGraphs&) = delete;
+  ~WideGraphs() { clear(); }
+  cudaGraphExec_t find(const WideGraphKey& k);  // null where not captured
+  bool repeats(const WideGraphKey& k);          // k's shape (parity aside) is the last one asked; remembers k
+  void add(const WideGraphKey& k, cudaGraphExec_t g);
+  void clear();
+
+ private:
+  struct Entry {
+    WideGraphKey key;
+    cudaGraphExec_t exec = nullptr;
+    uint64_t used = 0;
+  };
+  std::vector<Entry> e_;
+  uint64_t clock_ = 0;
+  WideGraphKey last_;
+};
+
 class CudaRunner final : public CudaRunnerBase {
  public:
   // rank / tp: this GPU's place in a tensor-parallel group (tp_runner.h); rank 0 and null on one GPU.
@@ -97,6 +134,9 @@ class CudaRunner final : public CudaRunnerBase {
   void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
   StepView view(const StepPlan& pl) const;
   void run_decode_graph(const StepPlan& pl);
+  void run_wide_step(const StepPlan& pl, const StepView& st);
+  // Steps of fewer tokens (or heads other than 64 wide) run the decode forward in chunks of 8.
+  bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }
   // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.
   bool full_logits(const StepPlan& pl) const { return opt_.tp.size > 1 && (pl.filters || pl.need_logits); }
   GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl)}; }
@@ -125,6 +165,7 @@ class CudaRunner final : public CudaRunnerBase {
   StepWait wait_;
   DecodeAhead ahead_;
   DecodeGraphs graphs_;
+  WideGraphs wide_graphs_;
   int vocab_limit_ = 0;       // ids >= this (beyond the tokenizer) are never sampled
   int last_sampled_ = 0;      // rows of the last collected step (last_logits)
   float* host_logits_ = nullptr;

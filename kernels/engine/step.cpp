@@ -60,7 +60,7 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   MX_CUDA(cudaEventSynchronize(copied_[parity]));
   pl.M = pl.S = pl.nbt = pl.n_decode = 0;
   pl.parity = parity;
-  pl.filters = pl.need_logits = pl.graph = pl.attn_long = false;
+  pl.filters = pl.need_logits = pl.graph = pl.wide_graph = pl.attn_long = false;
   pl.sample_seq.clear();
   pl.layout.clear();
   const StepMeta& h = hmeta_[parity];
@@ -138,6 +138,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
   pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && M < opt_.prefill_min_tokens && opt_.use_graphs &&
              !probe_.profiling;
+  pl.wide_graph = identity && M > 0 && n_decode == M && !pl.graph && !decode_path(M) && opt_.use_graphs &&
+                  !probe_.profiling;
   return pl;
 }
 
@@ -168,12 +170,13 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
     probe_.begin_step(stream_);
-    const bool decode_path = M < opt_.prefill_min_tokens || cfg_.head_dim != 64;
-    if (!decode_path && pl.n_decode > plan_.attn_rows)
+    if (!decode_path(M) && pl.n_decode > plan_.attn_rows)
       fail("step has {} single-token rows, more than max_num_seqs={} allows", pl.n_decode, plan_.S);
     if (pl.graph) {
       run_decode_graph(pl);
-    } else if (decode_path) {
+    } else if (pl.wide_graph) {
+      run_wide_step(pl, st);
+    } else if (decode_path(M)) {
       // Chunks of 8 tokens in step order: a sequence's tokens stay in position order, so a chunk
       // sees the KV of the chunks before it.
       int s = 0;
@@ -320,6 +323,26 @@ void CudaRunner::run_decode_graph(const StepPlan& pl) {
     MX_CUDA(cudaGraphDestroy(g));
   }
   MX_CUDA(cudaGraphLaunch(exec, stream_));
+}
+
+// A wide decode step: replayed where captured, captured where its shape repeats the wide step before,
+// else eager (the same launches either way).
+void CudaRunner::run_wide_step(const StepPlan& pl, const StepView& st) {
+  const WideGraphKey k{pl.M, pl.parity, pl.attn_long, full_logits(pl),
+                       forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
+  const bool again = wide_graphs_.repeats(k);
+  cudaGraphExec_t exec = wide_graphs_.find(k);
+  if (!exec && again) {
+    cudaGraph_t g = nullptr;
+    MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode);
+    MX_CUDA(cudaStreamEndCapture(stream_, &g));
+    MX_CUDA(cudaGraphInstantiate(&exec, g, 0));
+    MX_CUDA(cudaGraphDestroy(g));
+    wide_graphs_.add(k, exec);
+  }
+  if (exec) MX_CUDA(cudaGraphLaunch(exec, stream_));
+  else forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode);
 }
 
 }  // namespace mx

@@ -472,6 +472,20 @@ void expect_persistent_matches_layered(const char* preset, int nseq, int P, int 
 TEST(CudaRunner, PersistentDecodeMatchesLayeredTiny) { expect_persistent_matches_layered("tiny", 3, 5, 6, false); }
 TEST(CudaRunner, PersistentDecodeMatchesLayeredOneToken) { expect_persistent_matches_layered("mini", 1, 5, 4, true); }
 TEST(CudaRunner, PersistentDecodeMatchesLayeredMiniGraphs) { expect_persistent_matches_layered("mini", 8, 5, 5, true); }
+
+// Wide decode steps (16 single-token rows on the prefill forward) replayed from captured graphs give the
+// eager steps' logits bit for bit: of 6 steps, the second and third capture (one graph a parity) and the
+// rest replay. The FP8 cache too (its own writers and readers).
+void expect_wide_graphs_equal_eager(bool fp8) {
+  const auto eager = decode_logits("mini", 16, 5, 6, DecodePath::kLayered, false, fp8, {});
+  const auto graph = decode_logits("mini", 16, 5, 6, DecodePath::kLayered, true, fp8, {});
+  ASSERT_EQ(graph.size(), eager.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < eager.size(); ++i) diff += std::memcmp(&eager[i], &graph[i], 4) != 0;
+  EXPECT_EQ(diff, 0u) << "of " << eager.size() << " logits";
+}
+TEST(CudaRunner, WideGraphStepsEqualEagerMini) { expect_wide_graphs_equal_eager(false); }
+TEST(CudaRunner, WideGraphStepsEqualEagerMiniFp8KvCache) { expect_wide_graphs_equal_eager(true); }
 // Quantized qkv and o-proj (one format for both: the persistent step's condition).
 TEST(CudaRunner, PersistentDecodeMatchesLayeredQuantizedDenseLayers) {
   expect_persistent_matches_layered("mini", 8, 5, 5, true, false, mx::parse_dense_quant("all", "none"));
