@@ -6,6 +6,8 @@ TTFT p50/p99, TPOT (each request's mean inter-token time: mean and p99 over requ
 tokens/s over the wall time and, from the server's /metrics (vLLM names), the preemptions during the
 level and the KV use after it. --prompt-ids sends each request its own random token ids (exactly
 --prompt-tokens of them); otherwise prompts are random common words (about one token each).
+--max-tokens-min M draws each request's max_tokens uniformly from [M, --max-tokens] (seeded), so
+requests end at different steps and the batch changes as a real load's does.
 --engine-json takes `mxserve bench --json` rows (distinct batches at the serving depth) and prints
 the engine's step time at the same batch beside the served TPOT. Standard library only, so it runs on
 machines without a package registry.
@@ -39,7 +41,7 @@ def make_prompt_ids(n, rng):
     return [rng.randrange(1000, 199000) for _ in range(n)]
 
 
-def one_request(url, args, prompt, api_key):
+def one_request(url, args, prompt, max_tokens, api_key):
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=args.timeout)
     if args.endpoint == "chat":
@@ -48,7 +50,7 @@ def one_request(url, args, prompt, api_key):
     else:
         path = "/v1/completions"
         body = {"model": args.model, "prompt": prompt}
-    body.update({"max_tokens": args.max_tokens, "temperature": args.temperature, "stream": True,
+    body.update({"max_tokens": max_tokens, "temperature": args.temperature, "stream": True,
                  "stream_options": {"include_usage": True}, "ignore_eos": True})
     if args.top_p is not None:
         body["top_p"] = args.top_p
@@ -124,12 +126,14 @@ def run_level(args, conc, rng):
         prompts = [make_prompt_ids(args.prompt_tokens, rng) for _ in range(n_req)]
     else:
         prompts = [make_prompt(args.prompt_tokens, rng) for _ in range(n_req)]
+    lo = args.max_tokens if args.max_tokens_min is None else args.max_tokens_min
+    lengths = [rng.randint(lo, args.max_tokens) for _ in range(n_req)]
     before = scrape_metrics(args.base_url)
     results = []
     lock = threading.Lock()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=conc) as ex:
-        for r in ex.map(lambda p: one_request(args.base_url, args, p, args.api_key), prompts):
+        for r in ex.map(lambda pm: one_request(args.base_url, args, pm[0], pm[1], args.api_key), zip(prompts, lengths)):
             with lock:
                 results.append(r)
     wall = time.perf_counter() - t0
@@ -193,6 +197,8 @@ def main():
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens-min", type=int, default=None,
+                    help="each request's max_tokens uniform in [this, --max-tokens] (default: all --max-tokens)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=None, help="send top_p (default: not sent)")
     ap.add_argument("--requests-per-slot", type=int, default=2)
@@ -207,6 +213,8 @@ def main():
     args = ap.parse_args()
     if args.prompt_ids and args.endpoint != "completions":
         ap.error("--prompt-ids needs --endpoint completions")
+    if args.max_tokens_min is not None and not 1 <= args.max_tokens_min <= args.max_tokens:
+        ap.error("--max-tokens-min must be in [1, --max-tokens]")
     rng = random.Random(args.seed)
     levels = [int(x) for x in args.concurrency.split(",")]
     engine = engine_steps(args.engine_json)

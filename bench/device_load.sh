@@ -11,8 +11,9 @@
 # ("20b 120b"), CONCURRENCY ("64,128,256"), PROMPT_TOKENS (1024), MAX_TOKENS (1024), REQS (1),
 # MAX_MODEL_LEN (4096), MAX_NUM_SEQS (0: the server's, by GPU), MAX_BATCHED (8192), GPU_MEM (0.9), LIMIT_S (per model, 400),
 # SERVE_ARGS (extra serve flags), CLIENT_ARGS (sampling flags of the client, default "--temperature 0";
-# e.g. "--temperature 0.8 --top-p 0.9"), PROMPT_IDS (0: word prompts instead of token ids), TAG (suffix
-# of the file names), ENGINE (0: skip step 1 and use the engine_PTAG.json already in $OUT, if any),
+# e.g. "--temperature 0.8 --top-p 0.9"; "--temperature 0 --max-tokens-min 256" with REQS > 1: requests end
+# at different steps, so the batch changes as a real load's does), PROMPT_IDS (0: word prompts instead of
+# token ids), TAG (suffix of the file names), ENGINE (0: skip step 1 and use the engine_PTAG.json already in $OUT, if any),
 # KV_DTYPE (--kv-cache-dtype of bench and serve, default auto), ENGINE_ARGS (flags of bench and serve alike,
 # e.g. "--mxfp4-layers all" or "--tensor-parallel-size 2").
 # Run from the repo root: OUT=$OUT MXSERVE=.devrun/new/mxserve bash bench/device_load.sh
