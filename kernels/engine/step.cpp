@@ -33,6 +33,27 @@ bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
 
 const int32_t kPickedOnDevice = -1;  // a decode-ahead step's token: the previous step's pick of its row
 
+// The launches `enqueue` makes on stream s, captured and instantiated. A throw inside the capture ends
+// it first, so the stream runs what comes after again.
+template <class F>
+cudaGraphExec_t capture_graph(cudaStream_t s, F&& enqueue) {
+  cudaGraph_t g = nullptr;
+  MX_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue();
+  } catch (...) {
+    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();  // the capture's error, if it was invalidated: not the next launch's
+    throw;
+  }
+  MX_CUDA(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  MX_CUDA(e);
+  return exec;
+}
+
 }  // namespace
 
 void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
@@ -315,14 +336,8 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
 
 void CudaRunner::run_decode_graph(const StepPlan& pl) {
   cudaGraphExec_t& exec = graphs_.at(graph_key(pl));
-  if (!exec) {
-    cudaGraph_t g = nullptr;
-    MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    forward_->decode(view(pl), 0, pl.M, 0, pl.M, true);  // every token sampled: each is its sequence's only one
-    MX_CUDA(cudaStreamEndCapture(stream_, &g));
-    MX_CUDA(cudaGraphInstantiate(&exec, g, 0));
-    MX_CUDA(cudaGraphDestroy(g));
-  }
+  if (!exec)  // every token sampled: each is its sequence's only one
+    exec = capture_graph(stream_, [&] { forward_->decode(view(pl), 0, pl.M, 0, pl.M, true); });
   MX_CUDA(cudaGraphLaunch(exec, stream_));
 }
 
@@ -334,12 +349,7 @@ void CudaRunner::run_wide_step(const StepPlan& pl, const StepView& st) {
   const bool again = wide_graphs_.repeats(k);
   cudaGraphExec_t exec = wide_graphs_.find(k);
   if (!exec && again) {
-    cudaGraph_t g = nullptr;
-    MX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode);
-    MX_CUDA(cudaStreamEndCapture(stream_, &g));
-    MX_CUDA(cudaGraphInstantiate(&exec, g, 0));
-    MX_CUDA(cudaGraphDestroy(g));
+    exec = capture_graph(stream_, [&] { forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode); });
     wide_graphs_.add(k, exec);
   }
   if (exec) MX_CUDA(cudaGraphLaunch(exec, stream_));
