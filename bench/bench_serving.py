@@ -126,8 +126,10 @@ def run_level(args, conc, rng):
         prompts = [make_prompt_ids(args.prompt_tokens, rng) for _ in range(n_req)]
     else:
         prompts = [make_prompt(args.prompt_tokens, rng) for _ in range(n_req)]
-    lo = args.max_tokens if args.max_tokens_min is None else args.max_tokens_min
-    lengths = [rng.randint(lo, args.max_tokens) for _ in range(n_req)]
+    # Drawn only when asked, so the prompts of later levels stay those of earlier runs.
+    lengths = [args.max_tokens] * n_req
+    if args.max_tokens_min is not None:
+        lengths = [rng.randint(args.max_tokens_min, args.max_tokens) for _ in range(n_req)]
     before = scrape_metrics(args.base_url)
     results = []
     lock = threading.Lock()
