@@ -134,7 +134,9 @@ class CudaRunner final : public CudaRunnerBase {
   void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
   StepView view(const StepPlan& pl) const;
   void run_decode_graph(const StepPlan& pl);
-  void run_wide_step(const StepPlan& pl, const StepView& st);
+  bool run_wide_step(const StepPlan& pl, const StepView& st);  // true: capture it behind (capture_wide_step)
+  void capture_wide_step(const StepPlan& pl);
+  WideGraphKey wide_key(const StepPlan& pl, const StepView& st) const;
   // Steps of fewer tokens (or heads other than 64 wide) run the decode forward in chunks of 8.
   bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }
   // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.

@@ -179,6 +179,7 @@ StepView CudaRunner::view(const StepPlan& pl) const {
 void CudaRunner::enqueue_step(const StepPlan& pl) {
   const int M = pl.M, S = pl.S;
   parity_ = pl.parity;
+  bool capture_behind = false;
   if (M > 0) {
     const StepMeta& h = hmeta_[pl.parity];
     const StepMeta& d = dmeta_[pl.parity];
@@ -197,7 +198,7 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     if (pl.graph) {
       run_decode_graph(pl);
     } else if (pl.wide_graph) {
-      run_wide_step(pl, st);
+      capture_behind = run_wide_step(pl, st);
     } else if (decode_path(M)) {
       // Chunks of 8 tokens in step order: a sequence's tokens stay in position order, so a chunk
       // sees the KV of the chunks before it.
@@ -226,6 +227,8 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
   }
   MX_CUDA(cudaEventRecord(done_[pl.parity], stream_));
   enqueued_at_[pl.parity] = StepWait::Clock::now();
+  // While the GPU runs the step: launches queued before a capture begins run on, so it costs the GPU nothing.
+  if (capture_behind) capture_wide_step(pl);
 }
 
 // Graph steps are short and run ahead: they spin. Longer steps sleep first, in slices that look at the
@@ -341,19 +344,27 @@ void CudaRunner::run_decode_graph(const StepPlan& pl) {
   MX_CUDA(cudaGraphLaunch(exec, stream_));
 }
 
-// A wide decode step: replayed where captured, captured where its shape repeats the wide step before,
-// else eager (the same launches either way).
-void CudaRunner::run_wide_step(const StepPlan& pl, const StepView& st) {
-  const WideGraphKey k{pl.M, pl.parity, pl.attn_long, full_logits(pl),
-                       forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
+WideGraphKey CudaRunner::wide_key(const StepPlan& pl, const StepView& st) const {
+  return {pl.M, pl.parity, pl.attn_long, full_logits(pl), forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
+}
+
+// A wide decode step: replayed where captured, else eager. True when its shape repeats the wide step
+// before (enqueue_step then captures the same launches for the next time, behind the eager ones).
+bool CudaRunner::run_wide_step(const StepPlan& pl, const StepView& st) {
+  const WideGraphKey k = wide_key(pl, st);
   const bool again = wide_graphs_.repeats(k);
-  cudaGraphExec_t exec = wide_graphs_.find(k);
-  if (!exec && again) {
-    exec = capture_graph(stream_, [&] { forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode); });
-    wide_graphs_.add(k, exec);
+  if (cudaGraphExec_t exec = wide_graphs_.find(k)) {
+    MX_CUDA(cudaGraphLaunch(exec, stream_));
+    return false;
   }
-  if (exec) MX_CUDA(cudaGraphLaunch(exec, stream_));
-  else forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode);
+  forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode);
+  return again;
+}
+
+void CudaRunner::capture_wide_step(const StepPlan& pl) {
+  const StepView st = view(pl);
+  wide_graphs_.add(wide_key(pl, st),
+                   capture_graph(stream_, [&] { forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode); }));
 }
 
 }  // namespace mx

@@ -474,8 +474,8 @@ TEST(CudaRunner, PersistentDecodeMatchesLayeredOneToken) { expect_persistent_mat
 TEST(CudaRunner, PersistentDecodeMatchesLayeredMiniGraphs) { expect_persistent_matches_layered("mini", 8, 5, 5, true); }
 
 // Wide decode steps (16 single-token rows on the prefill forward) replayed from captured graphs give the
-// eager steps' logits bit for bit: of 6 steps, the second and third capture (one graph a parity) and the
-// rest replay. The FP8 cache too (its own writers and readers).
+// eager steps' logits bit for bit: of 6 steps, the second and third run eagerly and capture (one graph a
+// parity) and the rest replay. The FP8 cache too (its own writers and readers).
 void expect_wide_graphs_equal_eager(bool fp8) {
   const auto eager = decode_logits("mini", 16, 5, 6, DecodePath::kLayered, false, fp8, {});
   const auto graph = decode_logits("mini", 16, 5, 6, DecodePath::kLayered, true, fp8, {});
