@@ -159,9 +159,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
   pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && M < opt_.prefill_min_tokens && opt_.use_graphs &&
              !probe_.profiling;
-  // One GPU only until the captured wide sums run under tensor parallelism (docs/perf.md, session 37).
   pl.wide_graph = identity && M > 0 && n_decode == M && !pl.graph && !decode_path(M) && opt_.use_graphs &&
-                  !probe_.profiling && opt_.tp.size == 1;
+                  !probe_.profiling;
   return pl;
 }
 

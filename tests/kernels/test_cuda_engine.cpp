@@ -304,6 +304,7 @@ TEST(TensorParallel, MiniTwoGpusMatchCpuReference) {
   expect_tp_like_one_gpu(8, 5, 4, 1 << 30);
   expect_tp_like_one_gpu(1, 9, 6, 1 << 30);
   expect_tp_like_one_gpu(12, 5, 3, 9);  // 12 decode rows: the prefill path
+  expect_tp_like_one_gpu(12, 5, 7, 9);  // wide graph steps: two captures, then replays
 }
 // The experts split whole (--enable-expert-parallel: 8 of mini's 16 a GPU): the decode kernels skip the
 // other GPU's experts, the prefill routing makes tiles of its own only, the combine sums its own slots.
@@ -321,6 +322,7 @@ TEST(TensorParallel, MiniTwoGpusNcclOnlyMatchCpuReference) {
   if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   expect_tp_like_one_gpu(3, 40, 3, 1 << 30, mx::MoeSplit::kIntermediate, false);
   expect_tp_like_one_gpu(1, 9, 6, 1 << 30, mx::MoeSplit::kExperts, false);
+  expect_tp_like_one_gpu(12, 5, 7, 9, mx::MoeSplit::kIntermediate, false);  // NCCL inside wide graphs
 }
 // The picks of `nseq` sequences (prompts of P + s tokens, then `steps` one-token steps, every input
 // token given) on `tp` GPUs, greedy or sampled (seeded per sequence).
@@ -329,7 +331,8 @@ std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperatu
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + nseq + steps, nblk = (N + bs - 1) / bs;
-  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, 256, 2 * nblk * nseq + 5);
+  const int prompts = nseq * P + nseq * (nseq - 1) / 2;  // the first step's tokens (e2e_step)
+  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, std::max(256, prompts), 2 * nblk * nseq + 5);
   opt.keep_logits = keep_logits;
   opt.prefill_min_tokens = prefill_min_tokens;
   opt.tp.size = tp;
@@ -359,8 +362,10 @@ std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperatu
 TEST(TensorParallel, MiniTwoGpusSplitPickIsTheGatheredPick) {
   if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   struct Case { int nseq, P, steps, prefill_min; float temperature; };
+  // 40 rows on the prefill path over 6 steps: wide graph steps whose sums take the peer sum's wide channel
+  // and whose pick gathers the vocabulary slices' partials, captured and replayed.
   for (const Case c : {Case{3, 40, 3, 1 << 30, 0.f}, Case{12, 5, 3, 1 << 30, 0.8f}, Case{12, 5, 3, 9, 0.f},
-                       Case{1, 9, 6, 1 << 30, 1.2f}}) {
+                       Case{1, 9, 6, 1 << 30, 1.2f}, Case{40, 5, 6, 9, 0.f}, Case{40, 5, 6, 9, 0.8f}}) {
     const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min);
     const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min);
     ASSERT_EQ(split.size(), gathered.size());
