@@ -53,7 +53,7 @@ std::vector<KernelProfile> CudaBenchHooks::last_profile() const { return r_.prob
 
 std::vector<int> CudaBenchHooks::last_routed_experts() const { return r_.probe_.routed_experts; }
 
-void CudaBenchHooks::set_decode_skip(uint32_t mask) {
+void CudaBenchHooks::set_skip(uint32_t mask) {
   if (mask == r_.probe_.skip) return;
   r_.probe_.skip = mask;
   changed();

@@ -21,9 +21,9 @@ class CudaBenchHooks {
   // Distinct experts each layer routed to in the last profiled step (empty: the step took the decode
   // path, whose routing stays on the GPU).
   std::vector<int> last_routed_experts() const;
-  // Decode steps leave out the kernel kinds whose DecodeKernelBit is set (their outputs go stale,
-  // results are garbage), so graph replays time each kind's marginal cost.
-  void set_decode_skip(uint32_t mask);
+  // Steps leave out the kernel kinds whose DecodeKernelBit / WideKernelBit is set (their outputs go
+  // stale, results are garbage), so graph replays time each kind's marginal cost.
+  void set_skip(uint32_t mask);
   // The following steps record their timeline: the persistent step's items (kind 0) or the per-op
   // kernels' CTA records (kind 2; cta_trace.h), 4 words each; under tensor parallelism every local rank
   // records and rank 0's timeline is read.

@@ -102,7 +102,7 @@ void print_graph_marginals(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTab
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
   auto step_ms = [&](uint32_t mask) {
-    hooks.set_decode_skip(mask);
+    hooks.set_skip(mask);
     for (int i = 0; i < 5; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
     constexpr int kSteps = 100;
     const auto a = std::chrono::steady_clock::now();
@@ -120,7 +120,30 @@ void print_graph_marginals(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTab
     const double t = step_ms(1u << b);
     std::printf("| %s | %.3f | %.3f | %.1f |\n", kDecodeKernelNames[b], t, full - t, 100 * (full - t) / full);
   }
-  hooks.set_decode_skip(0);
+  hooks.set_skip(0);
+}
+
+// The same for a wide decode step of distinct rows (the prefill forward, replayed as a wide graph): what
+// each kernel kind costs in the schedule a load runs.
+void print_wide_graph_marginals(CudaRunnerBase& r, CudaBenchHooks& hooks, std::span<const SeqStep> steps) {
+  std::vector<SampleResult> res(steps.size());
+  auto step_ms = [&](uint32_t mask) {
+    hooks.set_skip(mask);
+    for (int i = 0; i < 5; ++i) r.step(steps, res);  // the second captures, the third on replay
+    constexpr int kSteps = 20;
+    const auto a = std::chrono::steady_clock::now();
+    for (int i = 0; i < kSteps; ++i) r.step(steps, res);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / kSteps;
+  };
+  const double full = step_ms(0);
+  std::printf("\ngraph-mode marginal cost per kernel kind, wide decode step of %zu distinct rows: full step %.3f ms\n",
+              steps.size(), full);
+  std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |\n|---|---|---|---|\n");
+  for (int b = 0; b < int(std::size(kWideKernelNames)); ++b) {
+    const double t = step_ms(1u << (kWideKernelBit0 + b));
+    std::printf("| %s | %.3f | %.3f | %.1f |\n", kWideKernelNames[b], t, full - t, 100 * (full - t) / full);
+  }
+  hooks.set_skip(0);
 }
 
 // Per phase of the six launches per layer, averaged over layers (attention split by window): how long
@@ -421,6 +444,7 @@ void run_bench(const BenchOptions& o) {
                       "one decode step of " + std::to_string(B) + (o.clone_rows ? " clone" : " distinct") +
                           " rows at depth " + std::to_string(o.depth),
                       copy_gbps);
+      if (B > 8 && !o.no_graphs && o.tp.size == 1) print_wide_graph_marginals(*r, hooks, steps);
     }
   }
   if (!o.step_trace.empty()) write_step_trace(*r, hooks, bt0, o.depth, o.step_trace, o.tp.size > 1);

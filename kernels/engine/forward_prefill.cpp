@@ -43,15 +43,16 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     const DeviceLayer& L = model_.layers[size_t(l)];
     const cuda::KvLayer& kv = kv_.layers[size_t(l)];
     const bool sw = model_.sliding(l);
-    cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.attn_norm, a.xn, M, H, c.rms_norm_eps, s);
+    if (!probe_.skips(kWideNorms)) cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.attn_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("attn_norm", 0);
-    gemm(a.xn, L.qkv, L.qkv_b, a.qkv, QKV, H, false);
+    if (!probe_.skips(kWideQkv)) gemm(a.xn, L.qkv, L.qkv_b, a.qkv, QKV, H, false);
     mark("qkv_gemm", double(ls.qkv_w + ls.qkv_sc));
-    cuda::launch_rope_kv({a.qkv, m.pos, sw ? m.slot_sw : m.slot, a.inv_freq, concentration_, kv, a.qbf, M, d.Hq,
-                          d.Hkv, d.D}, s);
+    if (!probe_.skips(kWideRopeKv))
+      cuda::launch_rope_kv({a.qkv, m.pos, sw ? m.slot_sw : m.slot, a.inv_freq, concentration_, kv, a.qbf, M, d.Hq,
+                            d.Hkv, d.D}, s);
     mark("rope_kv", 0);
     for (const SeqRows& q : seqs) {
-      if (q.n == 1 || !opt_.flash_prefill_attention) continue;
+      if (q.n == 1 || !opt_.flash_prefill_attention || probe_.skips(kWideAttention)) continue;
       cuda::AttnPrefillParams p;
       p.q = a.qbf + size_t(q.row) * d.q_dim(); p.q_stride = d.q_dim();
       p.kv = kv;
@@ -61,7 +62,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
       p.window = model_.window(l); p.scale = 1.0f / 8.0f;
       cuda::attention_prefill_bf16(p, s);
     }
-    if (n_decode > 0) {
+    if (n_decode > 0 && !probe_.skips(kWideAttention)) {
       cuda::AttnDecodeParams p;
       p.q = a.qkv; p.q_stride = QKV; p.rows = m.decode_rows;
       p.kv = kv; p.pos = m.pos; p.bt_off = sw ? m.bt_off_sw : m.bt_off; p.block_tables = m.bt;
@@ -82,13 +83,15 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     }
     if (probe_.profiling) mark(sw ? "attention_sliding" : "attention_full", kv_bytes_read(st, seqs, l));
     zero_unless_rank0(a.xa, size_t(M) * H);
-    gemm(a.attn, L.o, L.o_b, a.xa, H, d.q_dim(), true);
+    if (!probe_.skips(kWideOProj)) gemm(a.attn, L.o, L.o_b, a.xa, H, d.q_dim(), true);
     mark("o_gemm_residual", double(ls.o_w + ls.o_sc));
     reduce_after_attention(a.xa, a.xa, size_t(M) * H);
-    cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.mlp_norm, a.xn, M, H, c.rms_norm_eps, s);
+    if (!probe_.skips(kWideNorms)) cuda::launch_rmsnorm_bf16(a.xa, nullptr, L.mlp_norm, a.xn, M, H, c.rms_norm_eps, s);
     mark("mlp_norm", 0);
-    gemm(a.xn, cuda::bf16_weight(L.router_w), L.router_b, a.router, E, H, false);
-    cuda::launch_topk_softmax(a.router, a.eidx, a.ew, M, E, k, s);
+    if (!probe_.skips(kWideRouter)) {
+      gemm(a.xn, cuda::bf16_weight(L.router_w), L.router_b, a.router, E, H, false);
+      cuda::launch_topk_softmax(a.router, a.eidx, a.ew, M, E, k, s);
+    }
     mark("router_topk", double(ls.router_w));
 
     cuda::MoeRouteParams r;
@@ -97,7 +100,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     r.sorted_slot = a.moe_sorted_slot; r.sorted_w = a.moe_sorted_w; r.tile_expert = a.moe_tile_expert;
     r.tile_row0 = a.moe_tile_row0; r.num_tiles = a.moe_num_tiles; r.max_tiles = tiles; r.tile_rows = tile_rows;
     r.expert_lo = d.expert0; r.expert_hi = d.expert0 + d.experts_held;
-    cuda::moe_route_prefill(r, s);
+    if (!probe_.skips(kWideRoute)) cuda::moe_route_prefill(r, s);
     probe_.record_routing(a.moe_counts, E, l, s);
     mark("moe_route", 0);
     cuda::MoeGemmPrefillParams g;
@@ -112,26 +115,32 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
     if (fp8_moe) {  // FC1's hi/lo operand in y_slot's scratch (free until FC2), the activation in act_bf's
       uint8_t* xq = reinterpret_cast<uint8_t*>(a.ysl);
       float* xinv = reinterpret_cast<float*>(xq + align256(size_t(M) * cuda::moe_fp8_row_bytes(H)));
-      cuda::moe_quant_fp8(a.xn, M, H, xq, xinv, s);
       g.xq = xq; g.xinv = xinv; g.act_q = reinterpret_cast<uint8_t*>(a.act_bf);
-      cuda::moe_fc1_fp8(g, s);
-    } else {
+      if (!probe_.skips(kWideFc1)) {
+        cuda::moe_quant_fp8(a.xn, M, H, xq, xinv, s);
+        cuda::moe_fc1_fp8(g, s);
+      }
+    } else if (!probe_.skips(kWideFc1)) {
       cuda::moe_fc1_prefill(g, s);
     }
     probe_.mark_experts("moe_fc1_prefill", double(ls.up_blocks + ls.up_scales + ls.up_bias) / E, l, s);
     g.blocks = w.down_blocks; g.scales = w.down_scales; g.bias = w.down_bias; g.x = a.act_bf; g.y_slot = a.ysl;
     g.row_smax = w.down_smax;
     g.N = H; g.K = I; g.xq = g.act_q;
-    if (fp8_moe) cuda::moe_fc2_fp8(g, s);
-    else cuda::moe_fc2_prefill(g, s);
+    if (!probe_.skips(kWideFc2)) {
+      if (fp8_moe) cuda::moe_fc2_fp8(g, s);
+      else cuda::moe_fc2_prefill(g, s);
+    }
     probe_.mark_experts("moe_fc2_prefill", double(ls.down_blocks + ls.down_scales + ls.down_bias) / E, l, s);
     zero_unless_rank0(a.xa, size_t(M) * H);
-    if (d.holds_all_experts()) cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s);
-    else cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s, a.eidx, d.expert0, d.expert0 + d.experts_held);
+    if (!probe_.skips(kWideCombine)) {
+      if (d.holds_all_experts()) cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s);
+      else cuda::moe_combine_prefill(a.ysl, a.xa, M, k, H, s, a.eidx, d.expert0, d.expert0 + d.experts_held);
+    }
     mark("moe_combine", 0);
     reduce_after_experts(a.xa, size_t(M) * H);
   }
-  if (S > 0) final_logits(st, a.xa, nullptr, m.srow, 0, S);
+  if (S > 0 && !probe_.skips(kWideHead)) final_logits(st, a.xa, nullptr, m.srow, 0, S);
 }
 
 // The tensor-core decode attention serves a prefill step's single-token rows (flash prefill on: the

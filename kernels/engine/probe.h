@@ -20,13 +20,23 @@ struct KernelProfile {
   int calls = 0;
 };
 
-// Kernel kinds of the decode step that bench can leave out (set_decode_skip).
+// Kernel kinds that bench can leave out (set_skip): the one-token decode forward's (bits 0-6) and the
+// prefill forward's, which wide decode steps run (bits 8-18).
 enum DecodeKernelBit : uint32_t {
   kDecodeQkv = 1, kDecodeAttention = 2, kDecodeOProj = 4, kDecodeRouter = 8, kDecodeFc1 = 16, kDecodeFc2 = 32,
   kDecodeHead = 64,  // final norm, lm_head and the pick
 };
 inline constexpr const char* kDecodeKernelNames[] = {"qkv_rope_kv", "attention", "o_proj_residual", "router",
                                                      "moe_fc1_swiglu", "moe_fc2", "final_norm+lm_head+pick"};
+inline constexpr int kWideKernelBit0 = 8;
+enum WideKernelBit : uint32_t {
+  kWideNorms = 1u << 8, kWideQkv = 1u << 9, kWideRopeKv = 1u << 10, kWideAttention = 1u << 11, kWideOProj = 1u << 12,
+  kWideRouter = 1u << 13, kWideRoute = 1u << 14, kWideFc1 = 1u << 15, kWideFc2 = 1u << 16, kWideCombine = 1u << 17,
+  kWideHead = 1u << 18,  // final norm, lm_head and the pick
+};
+inline constexpr const char* kWideKernelNames[] = {
+    "attn_norm+mlp_norm", "qkv_gemm", "rope_kv", "attention", "o_gemm_residual", "router_topk", "moe_route",
+    "moe_fc1 (with its fp8 quant)", "moe_fc2", "moe_combine", "final_norm+lm_head+pick"};
 
 class Probe {
  public:
@@ -57,7 +67,7 @@ class Probe {
   std::vector<uint64_t> read_trace() const;
 
   bool profiling = false;
-  uint32_t skip = 0;  // DecodeKernelBit mask
+  uint32_t skip = 0;  // DecodeKernelBit | WideKernelBit mask
   unsigned long long* trace = nullptr;
   size_t trace_words = 0, trace_items = 0;
   int trace_kind = 0;
