@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <memory>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -134,8 +135,9 @@ class CudaRunner final : public CudaRunnerBase {
   void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
   StepView view(const StepPlan& pl) const;
   void run_decode_graph(const StepPlan& pl);
-  bool run_wide_step(const StepPlan& pl, const StepView& st);  // true: capture it behind (capture_wide_step)
-  void capture_wide_step(const StepPlan& pl);
+  // The key of a step to capture behind (capture_wide_step), if any.
+  std::optional<WideGraphKey> run_wide_step(const StepPlan& pl, const StepView& st);
+  void capture_wide_step(const StepPlan& pl, const WideGraphKey& k);
   WideGraphKey wide_key(const StepPlan& pl, const StepView& st) const;
   // Steps of fewer tokens (or heads other than 64 wide) run the decode forward in chunks of 8.
   bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }

@@ -178,7 +178,7 @@ StepView CudaRunner::view(const StepPlan& pl) const {
 void CudaRunner::enqueue_step(const StepPlan& pl) {
   const int M = pl.M, S = pl.S;
   parity_ = pl.parity;
-  bool capture_behind = false;
+  std::optional<WideGraphKey> capture_behind;
   if (M > 0) {
     const StepMeta& h = hmeta_[pl.parity];
     const StepMeta& d = dmeta_[pl.parity];
@@ -227,7 +227,7 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
   MX_CUDA(cudaEventRecord(done_[pl.parity], stream_));
   enqueued_at_[pl.parity] = StepWait::Clock::now();
   // While the GPU runs the step: launches queued before a capture begins run on, so it costs the GPU nothing.
-  if (capture_behind) capture_wide_step(pl);
+  if (capture_behind) capture_wide_step(pl, *capture_behind);
 }
 
 // Graph steps are short and run ahead: they spin. Longer steps sleep first, in slices that look at the
@@ -347,23 +347,23 @@ WideGraphKey CudaRunner::wide_key(const StepPlan& pl, const StepView& st) const 
   return {pl.M, pl.parity, pl.attn_long, full_logits(pl), forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
 }
 
-// A wide decode step: replayed where captured, else eager. True when its shape repeats the wide step
+// A wide decode step: replayed where captured, else eager. Its key when its shape repeats the wide step
 // before (enqueue_step then captures the same launches for the next time, behind the eager ones).
-bool CudaRunner::run_wide_step(const StepPlan& pl, const StepView& st) {
+std::optional<WideGraphKey> CudaRunner::run_wide_step(const StepPlan& pl, const StepView& st) {
   const WideGraphKey k = wide_key(pl, st);
   const bool again = wide_graphs_.repeats(k);
   if (cudaGraphExec_t exec = wide_graphs_.find(k)) {
     MX_CUDA(cudaGraphLaunch(exec, stream_));
-    return false;
+    return std::nullopt;
   }
   forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode);
-  return again;
+  if (!again) return std::nullopt;
+  return k;
 }
 
-void CudaRunner::capture_wide_step(const StepPlan& pl) {
+void CudaRunner::capture_wide_step(const StepPlan& pl, const WideGraphKey& k) {
   const StepView st = view(pl);
-  wide_graphs_.add(wide_key(pl, st),
-                   capture_graph(stream_, [&] { forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode); }));
+  wide_graphs_.add(k, capture_graph(stream_, [&] { forward_->prefill(st, pl.M, pl.S, pl.layout, pl.n_decode); }));
 }
 
 }  // namespace mx
