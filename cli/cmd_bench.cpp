@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -94,6 +95,27 @@ void print_breakdown(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTables& b
                   copy_gbps);
 }
 
+// Mean ms of a step replayed `steps` times after 5 warm-ups (decode graphs capture on the first, wide graphs
+// on the second, behind it), with the kernel kinds of `skip` left out.
+double step_ms_skipping(CudaBenchHooks& hooks, uint32_t skip, int steps, const std::function<void()>& run) {
+  hooks.set_skip(skip);
+  for (int i = 0; i < 5; ++i) run();
+  const auto a = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) run();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / steps;
+}
+
+// The table of marginal costs: the step with each kind (bit0 + its index) left out in turn.
+void print_marginal_table(CudaBenchHooks& hooks, std::span<const char* const> names, int bit0, double full, int steps,
+                          const std::function<void()>& run) {
+  std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |\n|---|---|---|---|\n");
+  for (int b = 0; b < int(names.size()); ++b) {
+    const double t = step_ms_skipping(hooks, 1u << (bit0 + b), steps, run);
+    std::printf("| %s | %.3f | %.3f | %.1f |\n", names[size_t(b)], t, full - t, 100 * (full - t) / full);
+  }
+  hooks.set_skip(0);
+}
+
 // Graph replays of batch-1 decode steps with one kernel kind left out: the drop in step time is that
 // kind's marginal cost in the real schedule (graph + programmatic dependent launch), which the eager
 // table above, with an event after every kernel, cannot show.
@@ -101,49 +123,27 @@ void print_graph_marginals(CudaRunnerBase& r, CudaBenchHooks& hooks, const KvTab
   const int32_t tok = 1;
   const SeqStep s = greedy_step(std::span<const int32_t>(&tok, 1), depth, bt);
   SampleResult res;
-  auto step_ms = [&](uint32_t mask) {
-    hooks.set_skip(mask);
-    for (int i = 0; i < 5; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
-    constexpr int kSteps = 100;
-    const auto a = std::chrono::steady_clock::now();
-    for (int i = 0; i < kSteps; ++i) r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1));
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / kSteps;
-  };
-  const double full = step_ms(0);
+  auto run = [&] { r.step(std::span<const SeqStep>(&s, 1), std::span<SampleResult>(&res, 1)); };
+  constexpr int kSteps = 100;
+  const double full = step_ms_skipping(hooks, 0, kSteps, run);
   std::printf("\ngraph-mode marginal cost per kernel kind, batch-1 decode step at depth %d: full step %.3f ms\n",
               depth, full);
   const double gpu = hooks.replay_decode_graph_ms(1, 100);
   std::printf("the step's graph replayed back to back: %.3f ms a step, so the host's turn between steps costs %.1f us\n",
               gpu, 1e3 * (full - gpu));
-  std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |\n|---|---|---|---|\n");
-  for (int b = 0; b < int(std::size(kDecodeKernelNames)); ++b) {
-    const double t = step_ms(1u << b);
-    std::printf("| %s | %.3f | %.3f | %.1f |\n", kDecodeKernelNames[b], t, full - t, 100 * (full - t) / full);
-  }
-  hooks.set_skip(0);
+  print_marginal_table(hooks, kDecodeKernelNames, 0, full, kSteps, run);
 }
 
 // The same for a wide decode step of distinct rows (the prefill forward, replayed as a wide graph): what
 // each kernel kind costs in the schedule a load runs.
 void print_wide_graph_marginals(CudaRunnerBase& r, CudaBenchHooks& hooks, std::span<const SeqStep> steps) {
   std::vector<SampleResult> res(steps.size());
-  auto step_ms = [&](uint32_t mask) {
-    hooks.set_skip(mask);
-    for (int i = 0; i < 5; ++i) r.step(steps, res);  // the second captures, the third on replay
-    constexpr int kSteps = 20;
-    const auto a = std::chrono::steady_clock::now();
-    for (int i = 0; i < kSteps; ++i) r.step(steps, res);
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / kSteps;
-  };
-  const double full = step_ms(0);
+  auto run = [&] { r.step(steps, res); };
+  constexpr int kSteps = 20;
+  const double full = step_ms_skipping(hooks, 0, kSteps, run);
   std::printf("\ngraph-mode marginal cost per kernel kind, wide decode step of %zu distinct rows: full step %.3f ms\n",
               steps.size(), full);
-  std::printf("| kernel kind (all layers) | step without it, ms | marginal ms | %% of step |\n|---|---|---|---|\n");
-  for (int b = 0; b < int(std::size(kWideKernelNames)); ++b) {
-    const double t = step_ms(1u << (kWideKernelBit0 + b));
-    std::printf("| %s | %.3f | %.3f | %.1f |\n", kWideKernelNames[b], t, full - t, 100 * (full - t) / full);
-  }
-  hooks.set_skip(0);
+  print_marginal_table(hooks, kWideKernelNames, kWideKernelBit0, full, kSteps, run);
 }
 
 // Per phase of the six launches per layer, averaged over layers (attention split by window): how long
