@@ -60,7 +60,9 @@ __device__ __forceinline__ T pick4(const T (&v)[kTopK], int j) {
   return j == 0 ? v[0] : j == 1 ? v[1] : j == 2 ? v[2] : v[3];
 }
 
-template <int KSPLIT>
+// kSplit: expert parallelism (some experts held on another GPU). The held check is compiled only there:
+// its early exit before the weight loads cost batch-1 decode ~1 % (docs/perf.md, session 39).
+template <int KSPLIT, bool kSplit>
 __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, float* red,
                                        const unsigned long long* tbuf) {
   if (p.route_acc && threadIdx.x == 0) {  // read after the wait (l2_prefetch.cuh)
@@ -84,7 +86,7 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, f
     route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
   }
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
-  if (!held(p, e)) return;  // another GPU's expert
+  if (kSplit && !held(p, e)) return;  // another GPU's expert
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * (kMoeWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = I / 8;
   // Fragment rows g / g + 8 are gate row 2i / up row 2i + 1 of activation i.
@@ -109,15 +111,16 @@ __device__ __forceinline__ void fc1_m1(const MoeDecodeParams& p, uint8_t* xst, f
 // KSPLIT 2: two warps a tile, each half of K, for grids of under two CTAs an SM (a tensor-parallel rank's
 // half of the intermediate rows): the per-warp chain of loads halves where the grid alone would not fill
 // the GPU.
-template <int KSPLIT>
+template <int KSPLIT, bool kSplit>
 __global__ void __launch_bounds__(128, 3) fc1_m1_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint8_t xst[];
   __shared__ float red[KSPLIT > 1 ? kMoeWarps * 32 * 4 : 1];
   trace_begin(p.trace);
-  fc1_m1<KSPLIT>(p, xst, red, p.trace.buf);
+  fc1_m1<KSPLIT, kSplit>(p, xst, red, p.trace.buf);
   trace_end(p.trace, 4);
 }
 
+template <bool kSplit>
 __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, float* red, const unsigned long long* tbuf) {
   if (!fp8_arch()) return;
   int sel[kTopK];
@@ -126,7 +129,7 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
   else route_token(p.router_logits, p.router_splits, 1, 0, p.E, sel, wt);
   constexpr int KSPLIT = kFc2Split;
   const int j = blockIdx.y, e = pick4(sel, j), H = p.H, I = p.I;
-  if (!held(p, e)) return;  // another GPU's expert
+  if (kSplit && !held(p, e)) return;  // another GPU's expert
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * (kMoeWarps / KSPLIT) + warp / KSPLIT, kp = warp % KSPLIT, ntiles = (H + 15) / 16;
   const int r0 = min(tile, ntiles - 1) * 16;
@@ -147,11 +150,12 @@ __device__ __forceinline__ void fc2_m1(const MoeDecodeParams& p, uint8_t* xst, f
   if (rb < H) p.y_slot[size_t(j) * H + rb] = w * (c[2] + bb);
 }
 
+template <bool kSplit>
 __global__ void __launch_bounds__(128, 3) fc2_m1_k(MoeDecodeParams p) {
   extern __shared__ __align__(16) uint8_t xst[];
   __shared__ float red[kMoeWarps * 32 * 4];
   trace_begin(p.trace);
-  fc2_m1(p, xst, red, p.trace.buf);
+  fc2_m1<kSplit>(p, xst, red, p.trace.buf);
   trace_end(p.trace, 5);
 }
 
@@ -167,6 +171,7 @@ bool use_m1(int M) {
          }) >= 89;
 }
 bool use_m1(const MoeDecodeParams& p) { return use_m1(p.M); }
+bool splits_experts(const MoeDecodeParams& p) { return p.expert_lo > 0 || p.expert_hi < p.E; }
 
 // The one-token FC1's K split: 2 where one warp a tile leaves the grid under two CTAs an SM.
 int fc1_m1_ksplit(const MoeDecodeParams& p) {
@@ -192,8 +197,14 @@ void mxfp4_moe_fc1_swiglu(const MoeDecodeParams& p, cudaStream_t s) {
   if (m1) {
     const int ks = fc1_m1_ksplit(p);
     const dim3 grid(fc1_ctas(p.I, ks), moe_slots(1, p.E));
-    if (ks == 2) launch_pdl(fc1_m1_k<2>, grid, dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
-    else launch_pdl(fc1_m1_k<1>, grid, dim3(128), size_t(e4m3::stage_bytes(p.H)), s, p);
+    const size_t smem = e4m3::stage_bytes(p.H);
+    if (splits_experts(p)) {
+      if (ks == 2) launch_pdl(fc1_m1_k<2, true>, grid, dim3(128), smem, s, p);
+      else launch_pdl(fc1_m1_k<1, true>, grid, dim3(128), smem, s, p);
+    } else {
+      if (ks == 2) launch_pdl(fc1_m1_k<2, false>, grid, dim3(128), smem, s, p);
+      else launch_pdl(fc1_m1_k<1, false>, grid, dim3(128), smem, s, p);
+    }
     return;
   }
   launch_pdl(fc1_k, dim3(fc1_ctas(p.I), moe_slots(p.M, p.E)), dim3(128),
@@ -207,7 +218,10 @@ void mxfp4_moe_fc2(const MoeDecodeParams& p, cudaStream_t s) {
   const bool m1 = use_m1(p);
   if (p.route_acc && !m1) throw_error("moe decode: route_acc needs the one-token FP8 path");
   if (m1) {
-    launch_pdl(fc2_m1_k, dim3(fc2_ctas(p.H), moe_slots(1, p.E)), dim3(128), size_t(e4m3::stage_bytes(p.I)), s, p);
+    const dim3 grid(fc2_ctas(p.H), moe_slots(1, p.E));
+    const size_t smem = e4m3::stage_bytes(p.I);
+    if (splits_experts(p)) launch_pdl(fc2_m1_k<true>, grid, dim3(128), smem, s, p);
+    else launch_pdl(fc2_m1_k<false>, grid, dim3(128), smem, s, p);
     return;
   }
   launch_pdl(fc2_k, dim3(fc2_ctas(p.H), moe_slots(p.M, p.E)), dim3(128),

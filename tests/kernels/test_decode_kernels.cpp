@@ -331,7 +331,10 @@ TEST(MoeDecode, Fc2DecodesMxfp4ExactlyEightTokens) { check_fc2_exact(8); }
 // from_acc (one token): the routing comes from the o-proj's router sums (MoeDecodeParams::route_acc)
 // and the input is normalized from an fp32 residual h; the reference's xn and logits are what those
 // sums and h stand for.
-void check_moe(int M, int E, int H, int I, uint64_t seed, bool wide = false, bool from_acc = false) {
+// held_lo/held_hi (expert parallelism): only those experts run; the other slots' rows stay untouched.
+void check_moe(int M, int E, int H, int I, uint64_t seed, bool wide = false, bool from_acc = false, int held_lo = 0,
+               int held_hi = -1) {
+  if (held_hi < 0) held_hi = E;
   std::mt19937 rng(seed);
   const float alpha = 1.702f, limit = 7.f;
   auto b1 = random_u8(size_t(E) * 2 * I * H / 2, rng), s1 = random_u8(size_t(E) * 2 * I * H / 32, rng, 118, 124);
@@ -365,6 +368,7 @@ void check_moe(int M, int E, int H, int I, uint64_t seed, bool wide = false, boo
   p.router_logits = dlg.p; p.fc1_blocks = db1.p; p.fc1_scales = ds1.p; p.fc1_bias = dbias1.p;
   p.fc2_blocks = db2.p; p.fc2_scales = ds2.p; p.fc2_bias = dbias2.p; p.xn = dxn.p; p.act = dact.p; p.y_slot = dy.p;
   p.M = M; p.E = E; p.H = H; p.I = I; p.alpha = alpha; p.limit = limit;
+  p.expert_lo = held_lo; p.expert_hi = held_hi;
   DevBuf<float> dh(from_acc ? h : std::vector<float>(1)), dss(from_acc ? ss_part : std::vector<float>(1));
   DevBuf<uint16_t> dgamma(from_acc ? gamma : std::vector<uint16_t>(1)), drb(rbias);
   DevBuf<long long> dacc(acc);
@@ -382,6 +386,7 @@ void check_moe(int M, int E, int H, int I, uint64_t seed, bool wide = false, boo
   // (e4m3_split.cuh): 3e-4 of the magnitude, still ~10x inside bf16 rounding. The bf16 paths
   // accumulate in fp32: 1e-5.
   const double ytol = M == 1 ? 3e-4 : 1e-5;
+  int held_slots = 0, other_slots = 0;
   for (int n = 0; n < M; ++n) {
     std::vector<int> idx(E);
     std::iota(idx.begin(), idx.end(), 0);
@@ -391,6 +396,12 @@ void check_moe(int M, int E, int H, int I, uint64_t seed, bool wide = false, boo
     for (int j = 0; j < 4; ++j) z += (w[j] = std::exp(double(r[idx[j]]) - r[idx[0]]));
     for (int j = 0; j < 4; ++j) {
       const int e = idx[j];
+      if (e < held_lo || e >= held_hi) {  // another GPU's expert: its slot is left alone
+        for (int h = 0; h < H; ++h) ASSERT_TRUE(std::isnan(y[(size_t(n) * 4 + j) * H + h])) << "n=" << n << " j=" << j;
+        ++other_slots;
+        continue;
+      }
+      ++held_slots;
       std::vector<float> a(I);
       for (int i = 0; i < I; ++i) {
         double hv[2], mag = 0;
@@ -422,12 +433,20 @@ void check_moe(int M, int E, int H, int I, uint64_t seed, bool wide = false, boo
       }
     }
   }
+  EXPECT_GT(held_slots, 0);
+  if (held_hi - held_lo < E) {
+    EXPECT_GT(other_slots, 0) << "the seed routes every slot to held experts";
+  }
 }
 
 // One token runs on FP8 tensor cores (kernels/decode/e4m3_split.cuh) on sm_89+, more tokens on bf16 mma.
 TEST(MoeDecode, Fc1Fc2MatchReferenceOneToken) { check_moe(1, 32, 288, 160, 7); }
 TEST(MoeDecode, Fc1Fc2OneTokenWideRangeActivations) { check_moe(1, 8, 2880, 96, 17, true); }
 TEST(MoeDecode, Fc1Fc2OneTokenOddSizes) { check_moe(1, 4, 96, 32, 18); }
+// Expert parallelism: this GPU holds experts [8, 20) of 32 (seed 19 routes the token to both sides).
+TEST(MoeDecode, Fc1Fc2OneTokenHeldExpertsOnly) { check_moe(1, 32, 288, 160, 19, false, false, 8, 20); }
+TEST(MoeDecode, Fc1Fc2OneTokenHeldExpertsOnlyRoutedFromOProjSums) { check_moe(1, 32, 288, 160, 19, false, true, 8, 20); }
+TEST(MoeDecode, Fc1Fc2ThreeTokensHeldExpertsOnly) { check_moe(3, 32, 64, 64, 9, false, false, 0, 16); }
 // K = 4160: the one-token staging (e4m3::stage_split_from) takes two rounds of batched loads, the
 // second partial, and a partial last 128-value segment.
 TEST(MoeDecode, Fc1Fc2OneTokenLongRows) { check_moe(1, 4, 4160, 4160, 21); }
