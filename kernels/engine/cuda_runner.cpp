@@ -78,7 +78,7 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpCom
 
 void CudaRunner::allocate() {
   const MemoryPlan& p = plan_;
-  const size_t kv_bytes = size_t(p.num_blocks) * p.kv_block_bytes;
+  const size_t kv_bytes = p.kv_bytes();
   const size_t meta = align256(p.meta_bytes);
   MX_CUDA(cudaMalloc(&weights_arena_, p.weight_bytes));
   MX_CUDA(cudaMalloc(&act_arena_, p.activation_bytes + 2 * meta));  // + two device metadata buffers (parity)

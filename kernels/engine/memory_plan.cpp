@@ -81,9 +81,10 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   const size_t fixed = p.weight_bytes + p.activation_bytes + 2 * align256(p.meta_bytes) + kReserve;
   const size_t budget = size_t(double(total_b) * opt.gpu_memory_utilization);
   const size_t min_blocks = size_t(len_blocks + window_blocks);
-  if (opt.num_kv_blocks > 0) p.num_blocks = opt.num_kv_blocks;
-  else p.num_blocks = budget > fixed ? int(std::min<size_t>((budget - fixed) / p.kv_block_bytes, 1u << 30)) : 0;
-  const size_t need = fixed + std::max<size_t>(size_t(p.num_blocks), min_blocks) * p.kv_block_bytes;
+  // The budget's blocks but one: the scratch block (KvCache::scratch_block).
+  const int fit = budget > fixed ? int(std::min<size_t>((budget - fixed) / p.kv_block_bytes, 1u << 30)) : 0;
+  p.num_blocks = opt.num_kv_blocks > 0 ? opt.num_kv_blocks : std::max(0, fit - 1);
+  const size_t need = fixed + (std::max<size_t>(size_t(p.num_blocks), min_blocks) + 1) * p.kv_block_bytes;
   if (p.num_blocks < int(min_blocks) || need > std::min(budget, free_b))
     fail("model does not fit: needs {:.2f} GiB (weights {:.2f}, activations {:.2f}, KV for max_model_len {} = {:.2f}), "
          "available {:.2f} GiB ({} x {:.2f} GiB total, {:.2f} GiB free)",
@@ -140,8 +141,9 @@ KvCache bind_kv_cache(uint8_t* arena, const MemoryPlan& plan, const ModelConfig&
   KvCache kv;
   kv.spec = plan.kv_spec;
   kv.num_blocks = plan.num_blocks;
+  kv.scratch_block = plan.num_blocks;
   kv.sliding_window = plan.sliding_window;
-  const size_t array_bytes = size_t(plan.num_blocks) * plan.kv_spec.page_bytes();
+  const size_t array_bytes = size_t(plan.num_blocks + 1) * plan.kv_spec.page_bytes();
   const std::vector<int> kv_array = c.kv_array_of_layers();
   for (int l = 0; l < c.num_layers; ++l) {
     cuda::KvLayer L;

@@ -53,7 +53,8 @@ struct StepMeta {
 // array j, and a sequence's sliding pages cover only its window.
 struct KvCache {
   cuda::KvCacheSpec spec;
-  int num_blocks = 0;
+  int num_blocks = 0;     // the blocks sequences may hold (the engine's KvCacheShape)
+  int scratch_block = 0;  // one more, never a sequence's: the padding rows of a wide graph step write here
   int sliding_window = 0;  // 0 when no layer slides
   std::vector<cuda::KvLayer> layers;
 };
@@ -68,8 +69,9 @@ struct MemoryPlan {
   size_t meta_bytes = 0;     // one metadata buffer
   cuda::KvCacheSpec kv_spec;
   int kv_arrays = 0;         // K and V array pairs
-  int num_blocks = 0, sliding_window = 0;
+  int num_blocks = 0, sliding_window = 0;  // num_blocks: the sequences' (KvCache::scratch_block is one more)
   size_t kv_block_bytes = 0; // one block across every array, K and V
+  size_t kv_bytes() const { return size_t(num_blocks + 1) * kv_block_bytes; }
   size_t weight_bytes = 0;
   // int32 words of the metadata before the block tables: 9 token arrays, then (at an even offset) the
   // 64-bit sample keys, the inverse temperatures, top_p, min_p and top_k of the sampled rows.

@@ -77,6 +77,9 @@ class DecodeGraphs {
 
 // Captured wide decode steps (single-token rows only, on the prefill forward, every row sampled), one
 // per key: what changes their launches.
+// A wide graph step of kWideGraphPadFrom rows or more is padded to a multiple of kWideGraphRows
+// (CudaRunner::pad_wide_step). Below, padding rows (all routed alike) could add experts to the step.
+constexpr int kWideGraphRows = 8, kWideGraphPadFrom = 32;
 struct WideGraphKey {
   int tokens = 0;
   int parity = 0;
@@ -85,11 +88,11 @@ struct WideGraphKey {
   bool operator==(const WideGraphKey&) const = default;
 };
 // A shape is captured when a wide step repeats the shape of the wide step before it (a load's steady
-// phases), so a shape seen once stays eager and costs no capture; the least recently used of more than
-// kMax graphs is dropped.
+// phases; rows padded to kWideGraphRows, so a batch that moves by a few rows keeps its shape), so a shape
+// seen once stays eager and costs no capture; the least recently used of more than kMax graphs is dropped.
 class WideGraphs {
  public:
-  static constexpr int kMax = 8;
+  static constexpr int kMax = 16;
   WideGraphs() = default;
   WideGraphs(const WideGraphs&) = delete;
   WideGraphs& operator=(const WideGraphs&) = delete;
@@ -139,6 +142,7 @@ class CudaRunner final : public CudaRunnerBase {
   std::optional<WideGraphKey> run_wide_step(const StepPlan& pl, const StepView& st);
   void capture_wide_step(const StepPlan& pl, const WideGraphKey& k);
   WideGraphKey wide_key(const StepPlan& pl, const StepView& st) const;
+  void pad_wide_step(StepPlan& pl);
   // Steps of fewer tokens (or heads other than 64 wide) run the decode forward in chunks of 8.
   bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }
   // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.

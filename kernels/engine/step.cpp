@@ -161,7 +161,42 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
              !probe_.profiling;
   pl.wide_graph = identity && M > 0 && n_decode == M && !pl.graph && !decode_path(M) && opt_.use_graphs &&
                   !probe_.profiling;
+  // Padded on one GPU only until a TensorParallel case pads (every rank would plan the same rows).
+  if (pl.wide_graph && opt_.tp.size == 1) pad_wide_step(pl);
   return pl;
+}
+
+// A wide graph step's rows rounded up to a multiple of kWideGraphRows, so steps whose batch moves by a few
+// rows share a graph. A padding row is token 0 at position 0 in the scratch block (no sequence's), picked
+// greedily into a result slot nobody reads. Unpadded where the step's buffers have no room.
+void CudaRunner::pad_wide_step(StepPlan& pl) {
+  const int M = (pl.M + kWideGraphRows - 1) / kWideGraphRows * kWideGraphRows, pad = M - pl.M;
+  const bool sw = kv_.sliding_window > 0;
+  if (pad == 0 || pl.M < kWideGraphPadFrom || M > plan_.T || pl.S + pad > plan_.S || pl.n_decode + pad > plan_.attn_rows ||
+      pl.nbt + (sw ? 2 : 1) > plan_.bt_cap)
+    return;
+  const StepMeta& h = hmeta_[pl.parity];
+  const int sb = kv_.scratch_block, bt_sw = sw ? pl.nbt + 1 : pl.nbt;
+  h.bt[pl.nbt] = sb;
+  h.bt[bt_sw] = sb;
+  for (int r = pl.M; r < M; ++r) {
+    h.tok[r] = 0;
+    h.pos[r] = 0;
+    h.slot[r] = h.slot_sw[r] = sb * opt_.block_size;
+    h.bt_off[r] = pl.nbt;
+    h.bt_off_sw[r] = bt_sw;
+    h.decode_rows[pl.n_decode++] = r;
+    const int s = pl.S++;  // == r: the step stays an identity of rows and picks
+    h.srow[s] = r;
+    h.srow_local[s] = r % cuda::kDecodeMaxTokens;
+    h.inv_temp[s] = 0.f;
+    h.sample_key[s] = 0;
+    h.top_k[s] = 0;
+    h.top_p[s] = 1.f;
+    h.min_p[s] = 0.f;
+  }
+  pl.nbt += sw ? 2 : 1;
+  pl.M = M;
 }
 
 StepView CudaRunner::view(const StepPlan& pl) const {
@@ -249,14 +284,14 @@ void CudaRunner::wait_step(const StepPlan& pl) {
 
 void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out) {
   wait_step(pl);
-  last_sampled_ = pl.S;
+  last_sampled_ = int(pl.sample_seq.size());  // a padded wide step's padding rows are sampled last
   if (pl.M == 0) return;
   if (probe_.profiling) probe_.profile = probe_.collect();
   const int S = pl.S;
   const int32_t* rtok = reinterpret_cast<const int32_t*>(host_res_) + size_t(pl.parity) * 2 * plan_.S;
   const float* rlp = reinterpret_cast<const float*>(host_res_) + size_t(pl.parity) * 2 * plan_.S + S;
   jobs_.clear();
-  for (int s = 0; s < S; ++s) {
+  for (int s = 0; s < last_sampled_; ++s) {
     const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
     SampleResult& r = out[size_t(pl.sample_seq[size_t(s)])];
     if (host_samples(q.sampling)) {

@@ -389,14 +389,14 @@ enum class DecodePath { kLayered, kPersistent };
 // Logits of `nseq` sequences of P prompt tokens, then `steps` decode steps of all of them (M = nseq
 // tokens per step), on the given decode path.
 std::vector<float> decode_logits(const char* preset, int nseq, int P, int steps, DecodePath path, bool graphs,
-                                 bool fp8, const mx::DenseQuant& dense) {
+                                 bool fp8, const mx::DenseQuant& dense, int room = 0) {
   const std::string dir = e2e_fixture(preset);
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + steps, nblk = (N + bs - 1) / bs;
   mx::CudaEngineOptions opt;
   opt.model_dir = dir;
   opt.max_model_len = nblk * bs;
-  opt.max_num_seqs = nseq;
+  opt.max_num_seqs = std::max(nseq, room);  // room past nseq: wide graph steps may pad
   opt.max_tokens_per_step = std::max(64, nseq * P);
   opt.num_kv_blocks = 2 * nblk * nseq + 2;
   opt.block_size = bs;
@@ -490,6 +490,17 @@ void expect_wide_graphs_equal_eager(bool fp8) {
   EXPECT_EQ(diff, 0u) << "of " << eager.size() << " logits";
 }
 TEST(CudaRunner, WideGraphStepsEqualEagerMini) { expect_wide_graphs_equal_eager(false); }
+// 37 rows with room for 40: the graph steps are padded to 40 rows. A padding row enters no real row's sums,
+// and 40 rows pick the MoE tiles and attention splits that 37 do, so the logits equal the eager (unpadded)
+// steps' bit for bit.
+TEST(CudaRunner, PaddedWideGraphStepsEqualEagerMini) {
+  const auto eager = decode_logits("mini", 37, 5, 6, DecodePath::kLayered, false, false, {}, 40);
+  const auto padded = decode_logits("mini", 37, 5, 6, DecodePath::kLayered, true, false, {}, 40);
+  ASSERT_EQ(padded.size(), eager.size());
+  size_t diff = 0;
+  for (size_t i = 0; i < eager.size(); ++i) diff += std::memcmp(&eager[i], &padded[i], 4) != 0;
+  EXPECT_EQ(diff, 0u) << "of " << eager.size() << " logits";
+}
 TEST(CudaRunner, WideGraphStepsEqualEagerMiniFp8KvCache) { expect_wide_graphs_equal_eager(true); }
 // Quantized qkv and o-proj (one format for both: the persistent step's condition).
 TEST(CudaRunner, PersistentDecodeMatchesLayeredQuantizedDenseLayers) {
