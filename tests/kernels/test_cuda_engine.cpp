@@ -478,30 +478,24 @@ TEST(CudaRunner, PersistentDecodeMatchesLayeredTiny) { expect_persistent_matches
 TEST(CudaRunner, PersistentDecodeMatchesLayeredOneToken) { expect_persistent_matches_layered("mini", 1, 5, 4, true); }
 TEST(CudaRunner, PersistentDecodeMatchesLayeredMiniGraphs) { expect_persistent_matches_layered("mini", 8, 5, 5, true); }
 
-// Wide decode steps (16 single-token rows on the prefill forward) replayed from captured graphs give the
+// Wide decode steps (nseq single-token rows on the prefill forward) replayed from captured graphs give the
 // eager steps' logits bit for bit: of 6 steps, the second and third run eagerly and capture (one graph a
-// parity) and the rest replay. The FP8 cache too (its own writers and readers).
-void expect_wide_graphs_equal_eager(bool fp8) {
-  const auto eager = decode_logits("mini", 16, 5, 6, DecodePath::kLayered, false, fp8, {});
-  const auto graph = decode_logits("mini", 16, 5, 6, DecodePath::kLayered, true, fp8, {});
+// parity) and the rest replay. The FP8 cache too (its own writers and readers). room > nseq: the graph steps
+// are padded (pad_wide_step).
+void expect_wide_graphs_equal_eager(int nseq, bool fp8, int room = 0) {
+  const auto eager = decode_logits("mini", nseq, 5, 6, DecodePath::kLayered, false, fp8, {}, room);
+  const auto graph = decode_logits("mini", nseq, 5, 6, DecodePath::kLayered, true, fp8, {}, room);
   ASSERT_EQ(graph.size(), eager.size());
   size_t diff = 0;
   for (size_t i = 0; i < eager.size(); ++i) diff += std::memcmp(&eager[i], &graph[i], 4) != 0;
   EXPECT_EQ(diff, 0u) << "of " << eager.size() << " logits";
 }
-TEST(CudaRunner, WideGraphStepsEqualEagerMini) { expect_wide_graphs_equal_eager(false); }
+TEST(CudaRunner, WideGraphStepsEqualEagerMini) { expect_wide_graphs_equal_eager(16, false); }
 // 37 rows with room for 40: the graph steps are padded to 40 rows. A padding row enters no real row's sums,
 // and 40 rows pick the MoE tiles and attention splits that 37 do, so the logits equal the eager (unpadded)
 // steps' bit for bit.
-TEST(CudaRunner, PaddedWideGraphStepsEqualEagerMini) {
-  const auto eager = decode_logits("mini", 37, 5, 6, DecodePath::kLayered, false, false, {}, 40);
-  const auto padded = decode_logits("mini", 37, 5, 6, DecodePath::kLayered, true, false, {}, 40);
-  ASSERT_EQ(padded.size(), eager.size());
-  size_t diff = 0;
-  for (size_t i = 0; i < eager.size(); ++i) diff += std::memcmp(&eager[i], &padded[i], 4) != 0;
-  EXPECT_EQ(diff, 0u) << "of " << eager.size() << " logits";
-}
-TEST(CudaRunner, WideGraphStepsEqualEagerMiniFp8KvCache) { expect_wide_graphs_equal_eager(true); }
+TEST(CudaRunner, PaddedWideGraphStepsEqualEagerMini) { expect_wide_graphs_equal_eager(37, false, 40); }
+TEST(CudaRunner, WideGraphStepsEqualEagerMiniFp8KvCache) { expect_wide_graphs_equal_eager(16, true); }
 // Quantized qkv and o-proj (one format for both: the persistent step's condition).
 TEST(CudaRunner, PersistentDecodeMatchesLayeredQuantizedDenseLayers) {
   expect_persistent_matches_layered("mini", 8, 5, 5, true, false, mx::parse_dense_quant("all", "none"));
