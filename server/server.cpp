@@ -204,6 +204,19 @@ void Server::Impl::setup() {
     try { std::rethrow_exception(ep); } catch (const std::exception& e) { msg = e.what(); } catch (...) {}
     send_error(res, 500, msg, "internal_error");
   });
+  // Errors httplib answers itself (no route, a body over the limit, an unreadable request) get the API's
+  // error body too, so a client always finds `error.message`; answers that have a body keep it.
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404)
+      send_error(res, 404, fmt::format("no route for {} {}", req.method, req.path), "not_found_error");
+    else if (res.status == 413)
+      send_error(res, 413, fmt::format("request body over {} bytes", opt.max_body_bytes), "invalid_request_error");
+    else
+      send_error(res, res.status, fmt::format("the request could not be read (HTTP {}): malformed, or its headers or URI too long", res.status),
+                 res.status >= 500 ? "internal_error" : "invalid_request_error");
+    return httplib::Server::HandlerResponse::Handled;
+  }));
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
   http.Get("/ready", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;

@@ -90,6 +90,17 @@ test('the context limit error names both numbers', async () => {
 test('413 for a body over 2 MiB', async () => {
   const r = await raw('/v1/chat/completions', { body: JSON.stringify(chat({ messages: user('x'.repeat(3 << 20)) })) });
   assert.equal(r.status, 413);
+  assert.equal(r.json.error.type, 'invalid_request_error');
+  assert.match(r.json.error.message, /over \d+ bytes/);
+});
+
+test('404 in the API error shape for an unknown route', async () => {
+  for (const [path, method] of [['/v1/embeddings', 'POST'], ['/nope', 'GET']]) {
+    const r = await raw(path, method === 'GET' ? { method } : { body: '{}' });
+    assert.equal(r.status, 404, path);
+    assert.equal(r.json.error.type, 'not_found_error');
+    assert.ok(r.json.error.message.includes(path), r.json.error.message);
+  }
 });
 
 test('401 for a wrong or missing API key', async () => {
