@@ -238,7 +238,7 @@ def main():
                 eng = f"{engine[c]:>15.2f} {r['served_over_engine']:>14.3f} {r.get('steady_over_engine') or 0:>14.3f}"
             steady = r["tpot_steady_ms"] or 0
             print(f"{c:>5} {r['requests']:>5} {r['ttft_p50_ms']:>12.1f} {r['ttft_p99_ms']:>12.1f} "
-                  f"{r['tpot_mean_ms']:>8.2f} {r['tpot_p99_ms']:>9.2f} {steady:>7.2f} {r['output_tok_s']:>10.1f} "
+                  f"{r['tpot_mean_ms']:>8.3f} {r['tpot_p99_ms']:>9.3f} {steady:>7.3f} {r['output_tok_s']:>10.1f} "
                   f"{r.get('preemptions', 'n/a'):>8} {r.get('kv_usage_after', 'n/a'):>9} {eng}"
                   + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
         else:
