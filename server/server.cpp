@@ -211,7 +211,7 @@ void Server::Impl::setup() {
     if (res.status == 404)
       send_error(res, 404, fmt::format("no route for {} {}", req.method, req.path), "not_found_error");
     else if (res.status == 413)
-      send_error(res, 413, fmt::format("request body over {} bytes", opt.max_body_bytes), "invalid_request_error");
+      send_body_too_large(res);
     else
       send_error(res, res.status, fmt::format("the request could not be read (HTTP {}): malformed, or its headers or URI too long", res.status),
                  res.status >= 500 ? "internal_error" : "invalid_request_error");

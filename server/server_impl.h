@@ -72,10 +72,14 @@ struct Server::Impl {
     return false;
   }
 
+  void send_body_too_large(httplib::Response& res) const {
+    send_error(res, 413, fmt::format("request body over {} bytes", opt.max_body_bytes), "invalid_request_error");
+  }
+
   // Parses the body; answers and returns nullopt on any failure.
   std::optional<json> body_of(const httplib::Request& req, httplib::Response& res) {
     if (req.body.size() > opt.max_body_bytes) {
-      send_error(res, 413, fmt::format("request body over {} bytes", opt.max_body_bytes), "invalid_request_error");
+      send_body_too_large(res);
       return std::nullopt;
     }
     std::string ct = req.get_header_value("Content-Type");

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,14 +30,16 @@ enum DecodeKernelBit : uint32_t {
 inline constexpr const char* kDecodeKernelNames[] = {"qkv_rope_kv", "attention", "o_proj_residual", "router",
                                                      "moe_fc1_swiglu", "moe_fc2", "final_norm+lm_head+pick"};
 inline constexpr int kWideKernelBit0 = 8;
-enum WideKernelBit : uint32_t {
-  kWideNorms = 1u << 8, kWideQkv = 1u << 9, kWideRopeKv = 1u << 10, kWideAttention = 1u << 11, kWideOProj = 1u << 12,
-  kWideRouter = 1u << 13, kWideRoute = 1u << 14, kWideFc1 = 1u << 15, kWideFc2 = 1u << 16, kWideCombine = 1u << 17,
-  kWideHead = 1u << 18,  // final norm, lm_head and the pick
+enum WideKernelBit : uint32_t {  // bit kWideKernelBit0 + i is kWideKernelNames[i]
+  kWideNorms = 1u << kWideKernelBit0, kWideQkv = kWideNorms << 1, kWideRopeKv = kWideNorms << 2,
+  kWideAttention = kWideNorms << 3, kWideOProj = kWideNorms << 4, kWideRouter = kWideNorms << 5,
+  kWideRoute = kWideNorms << 6, kWideFc1 = kWideNorms << 7, kWideFc2 = kWideNorms << 8, kWideCombine = kWideNorms << 9,
+  kWideHead = kWideNorms << 10,  // final norm, lm_head and the pick
 };
 inline constexpr const char* kWideKernelNames[] = {
     "attn_norm+mlp_norm", "qkv_gemm", "rope_kv", "attention", "o_gemm_residual", "router_topk", "moe_route",
     "moe_fc1 (with its fp8 quant)", "moe_fc2", "moe_combine", "final_norm+lm_head+pick"};
+static_assert(kWideHead == 1u << (kWideKernelBit0 + std::size(kWideKernelNames) - 1), "one name a bit");
 
 class Probe {
  public:
