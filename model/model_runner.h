@@ -42,6 +42,9 @@ struct SeqStep {
   // The caller expects to ask for this sequence's next token in the next step (a sampled sequence that
   // is not at its length limit). A runner may start that step early (CudaEngineOptions::decode_ahead).
   bool expect_next = false;
+  // Token ids the sampler must not pick for this token (their logits set to -inf first, so the reported
+  // log-probs are the masked row's): a request's stop tokens until it has min_tokens tokens.
+  std::span<const int32_t> banned;
 };
 
 struct SampleResult {

@@ -150,6 +150,11 @@ SampleResult sample_token(const float* logits, int vocab, const SamplingParams& 
   return r;
 }
 
+void ban_tokens(float* logits, int vocab, std::span<const int32_t> banned) {
+  for (int32_t id : banned)
+    if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+}
+
 void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,
                    std::vector<std::vector<float>>& scratch) {
   const int64_t n = int64_t(jobs.size());

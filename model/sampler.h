@@ -13,6 +13,9 @@ namespace mx {
 SampleResult sample_token(const float* logits, int vocab, const SamplingParams& p, uint64_t rng_step,
                           std::vector<float>& scratch);
 
+// Sets the logits of `banned` ids (those in [0, vocab)) to -inf: tokens a row may not pick (min_tokens).
+void ban_tokens(float* logits, int vocab, std::span<const int32_t> banned);
+
 class ThreadPool;
 
 // One row to sample: raw logits [vocab], its parameters and the index of the token being sampled.

@@ -142,6 +142,7 @@ struct Server::Impl {
       g.sampling = p.sampling;
       g.sampling.seed = p.sampling.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
       g.max_tokens = max_tokens;
+      g.min_tokens = p.min_tokens;
       if (!p.ignore_eos) g.stop_token_ids = chat ? chat_stop_ids : eos_ids;
       g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
       g.deadline = deadline;
@@ -163,9 +164,10 @@ struct Server::Impl {
   std::string add_content(ChoiceState& c, const std::string& text, const CommonParams& p, bool final) {
     c.content += text;
     size_t hold = 0;
+    const bool may_stop = c.completion_tokens >= p.min_tokens;  // as vLLM: no stop string before min_tokens
     for (const auto& s : p.stop) {
       size_t from = c.content_sent > s.size() ? c.content_sent - s.size() : 0;
-      size_t pos = c.content.find(s, from);
+      size_t pos = may_stop ? c.content.find(s, from) : std::string::npos;
       if (pos != std::string::npos) {
         c.content.resize(pos);
         c.stopped_by_string = true;

@@ -113,12 +113,10 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     if (!body["ignore_eos"].is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
     p.ignore_eos = body["ignore_eos"].get<bool>();
   }
-  // min_tokens needs stop tokens masked in the sampler, which the runners do not do yet: refuse
-  // it rather than silently ignore it (0 is the default and fine).
   if (present(body, "min_tokens")) {
     int64_t m = integer(body, "min_tokens", 0, 1 << 30);
     if (p.max_tokens > 0 && m > p.max_tokens) bad("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", m, p.max_tokens));
-    if (m > 0) bad("min_tokens", "'min_tokens' > 0 is not supported");
+    p.min_tokens = int(m);
   }
   for (const char* unsupported : {"logit_bias", "response_format", "chat_template", "guided_regex", "guided_json"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));

@@ -21,6 +21,7 @@ struct Limits {
 struct CommonParams {
   SamplingParams sampling;
   int max_tokens = -1;        // -1: not given (fill to the context)
+  int min_tokens = 0;         // vLLM extension: no stop token or stop string ends the text before this many tokens
   int n = 1;
   bool stream = false;
   bool include_usage = false;

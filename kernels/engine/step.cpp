@@ -20,11 +20,18 @@ namespace mx {
 namespace {
 
 // Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
-// it (kernels/sampling/sample_filtered.h). Only requests for alternatives (top_logprobs) sample on the
-// host from the copied logits.
-bool gpu_samples(const SamplingParams& p) { return p.temperature > 0.f && p.top_logprobs == 0; }
-bool gpu_filters(const SamplingParams& p) { return gpu_samples(p) && (p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f); }
-bool host_samples(const SamplingParams& p) { return (p.temperature > 0.f || p.top_logprobs > 0) && !gpu_samples(p); }
+// it (kernels/sampling/sample_filtered.h). Only requests for alternatives (top_logprobs) and rows with
+// banned tokens (min_tokens) sample on the host from the copied logits.
+bool gpu_samples(const SeqStep& q) {
+  return q.sampling.temperature > 0.f && q.sampling.top_logprobs == 0 && q.banned.empty();
+}
+bool gpu_filters(const SeqStep& q) {
+  const SamplingParams& p = q.sampling;
+  return gpu_samples(q) && (p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f);
+}
+bool host_samples(const SeqStep& q) {
+  return (q.sampling.temperature > 0.f || q.sampling.top_logprobs > 0 || !q.banned.empty()) && !gpu_samples(q);
+}
 
 bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
   return a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k && a.min_p == b.min_p &&
@@ -138,9 +145,9 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     if (q.sample) {
       h.srow[S] = M - 1;
       h.srow_local[S] = (M - 1) % cuda::kDecodeMaxTokens;
-      h.inv_temp[S] = gpu_samples(q.sampling) ? 1.0f / q.sampling.temperature : 0.0f;
+      h.inv_temp[S] = gpu_samples(q) ? 1.0f / q.sampling.temperature : 0.0f;
       h.sample_key[S] = sample_stream_key(q.sampling.seed, q.rng_step);
-      const bool f = gpu_filters(q.sampling);
+      const bool f = gpu_filters(q);
       h.top_k[S] = f ? q.sampling.top_k : 0;
       h.top_p[S] = f ? q.sampling.top_p : 1.f;
       h.min_p[S] = f ? q.sampling.min_p : 0.f;
@@ -154,7 +161,7 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
   pl.attn_long = max_pos + 1 > cuda::attention_decode_mma_max_keys();
   pl.need_logits = opt_.keep_logits;
-  for (int i : pl.sample_seq) pl.need_logits |= host_samples(seqs[size_t(i)].sampling);
+  for (int i : pl.sample_seq) pl.need_logits |= host_samples(seqs[size_t(i)]);
   bool identity = S == M;
   for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
   pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && M < opt_.prefill_min_tokens && opt_.use_graphs &&
@@ -294,9 +301,11 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
   for (int s = 0; s < last_sampled_; ++s) {
     const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
     SampleResult& r = out[size_t(pl.sample_seq[size_t(s)])];
-    if (host_samples(q.sampling)) {
-      // Top-k / top-p / min-p / top_logprobs sample on the host from the copied logits (0.8 MB per row).
-      jobs_.push_back({host_logits_ + size_t(s) * cfg_.vocab_size, &q.sampling, q.rng_step, &r});
+    if (host_samples(q)) {
+      // top_logprobs and banned tokens sample on the host from the copied logits (0.8 MB per row).
+      float* row = host_logits_ + size_t(s) * cfg_.vocab_size;
+      ban_tokens(row, cfg_.vocab_size, q.banned);
+      jobs_.push_back({row, &q.sampling, q.rng_step, &r});
     } else {
       r.token = rtok[s];
       r.logprob = rlp[s];
@@ -316,7 +325,7 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
     const SeqStep& a = ahead_.steps[i];
     // (A greedy row's pick does not depend on its random stream.)
     if (q.seq_id != a.seq_id || q.tokens.size() != 1 || q.tokens[0] != ahead_.fed[i] || q.start_pos != a.start_pos ||
-        !q.sample || !same_sampling(q.sampling, a.sampling) || (gpu_samples(q.sampling) && q.rng_step != a.rng_step))
+        !q.sample || !q.banned.empty() || !same_sampling(q.sampling, a.sampling) || (gpu_samples(q) && q.rng_step != a.rng_step))
       return false;
     const size_t need = size_t(a.start_pos / bs + 1);
     if (q.block_table.size() < need || !std::equal(a.block_table.begin(), a.block_table.begin() + need, q.block_table.begin()))

@@ -49,6 +49,19 @@ TEST(Sampler, GreedyTakesLowestIdOnTiesAndReportsRawLogprob) {
   EXPECT_NEAR(r.top[2].second, 2 - lz, 1e-6);
 }
 
+// Banned ids (min_tokens) are never picked: greedy takes the best allowed id, sampling never draws one.
+TEST(Sampler, BannedTokensAreNeverPicked) {
+  std::vector<float> l = {0.5f, 3.0f, 2.0f, 2.5f};
+  const std::vector<int32_t> ban = {1, 3, 99, -1};  // ids outside the vocabulary are ignored
+  mx::ban_tokens(l.data(), 4, ban);
+  std::vector<float> scratch;
+  EXPECT_EQ(mx::sample_token(l.data(), 4, params(0.0f), 0, scratch).token, 2);
+  for (uint64_t s = 0; s < 200; ++s) {
+    const int t = mx::sample_token(l.data(), 4, params(1.0f), s, scratch).token;
+    EXPECT_TRUE(t == 0 || t == 2) << t;
+  }
+}
+
 TEST(Sampler, LogprobIgnoresTemperature) {
   std::vector<float> l = log_probs({0.5, 0.3, 0.2});
   std::vector<float> scratch;

@@ -9,7 +9,7 @@ namespace {
 using namespace mx;
 
 TEST(StepWire, RoundTripKeepsEveryField) {
-  const std::vector<int32_t> t0{5, 6, 7}, b0{3, 1}, s0{-1, 9}, t1{42}, b1{8};
+  const std::vector<int32_t> t0{5, 6, 7}, b0{3, 1}, s0{-1, 9}, t1{42}, b1{8}, ban1{200002, 200012};
   std::vector<SeqStep> in(3);
   in[0].seq_id = 11;
   in[0].tokens = t0;
@@ -23,6 +23,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
   in[1].tokens = t1;
   in[1].start_pos = 123;
   in[1].block_table = b1;
+  in[1].banned = ban1;
   in[2].seq_id = 5;  // no tokens, no tables
   std::string bytes;
   encode_step(in, 2, bytes);
@@ -40,6 +41,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
               std::vector<int32_t>(b.block_table.begin(), b.block_table.end()));
     EXPECT_EQ(std::vector<int32_t>(a.sliding_table.begin(), a.sliding_table.end()),
               std::vector<int32_t>(b.sliding_table.begin(), b.sliding_table.end()));
+    EXPECT_EQ(std::vector<int32_t>(a.banned.begin(), a.banned.end()), std::vector<int32_t>(b.banned.begin(), b.banned.end()));
     EXPECT_EQ(a.sample, b.sample);
     EXPECT_EQ(a.expect_next, b.expect_next);
     EXPECT_EQ(a.rng_step, b.rng_step);

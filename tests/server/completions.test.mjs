@@ -61,3 +61,22 @@ test('stop_token_ids end generation before the stop token (finish_reason stop)',
   assert.ok(r.choices[0].text.startsWith(s.choices[0].text));
   assert.equal(s.usage.completion_tokens, 2);
 });
+
+test('min_tokens: no stop token or stop string ends the text before it', async (t) => {
+  const prompt = [3000, 3001, 3002, 3003];
+  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 4, temperature: 0, logprobs: 0 });
+  const first = r.choices[0].logprobs.tokens[0];
+  const tok = await raw('/tokenize', { body: JSON.stringify({ prompt: first }) });
+  if (tok.json?.tokens?.length !== 1) return t.skip(`token ${JSON.stringify(first)} does not round-trip`);
+  const base = { model: MODEL, prompt, max_tokens: 4, temperature: 0, logprobs: 0 };
+  const stopped = await oa.completions.create({ ...base, stop_token_ids: tok.json.tokens });
+  assert.equal(stopped.usage.completion_tokens, 1);
+  assert.equal(stopped.choices[0].finish_reason, 'stop');
+  const held = await oa.completions.create({ ...base, stop_token_ids: tok.json.tokens, min_tokens: 3 });
+  assert.ok(held.usage.completion_tokens >= 3, `${held.usage.completion_tokens} tokens`);
+  assert.notEqual(held.choices[0].logprobs.tokens[0], first);  // the greedy pick was masked
+  if (first.trim().length > 0) {
+    const text = await oa.completions.create({ ...base, stop: [first], min_tokens: 4 });
+    assert.equal(text.usage.completion_tokens, 4);
+  }
+});

@@ -53,13 +53,17 @@ class FakeRunner : public ModelRunner {
       expect_next.push_back(s.expect_next);
       EXPECT_TRUE(s.sample || !s.expect_next) << "a step that samples nothing expects no next token";
       if (s.sample) {
-        out[i].token = (s.tokens.back() + 1) % 1000;
+        int32_t tok = (s.tokens.back() + 1) % 1000;
+        while (std::find(s.banned.begin(), s.banned.end(), tok) != s.banned.end()) tok = (tok + 1) % 1000;  // as masked
+        banned_sizes.push_back(int(s.banned.size()));
+        out[i].token = tok;
         out[i].logprob = -float(d % 100003);
       }
     }
     step_tokens.push_back(total);
   }
   std::vector<int> step_tokens;
+  std::vector<int> banned_sizes;  // per sampled row, in step order: SeqStep::banned's size
   std::vector<bool> expect_next;  // SeqStep::expect_next of every sequence step, in order
   int sliding_mismatches = 0;  // window positions whose sliding digest differs from the full one
 

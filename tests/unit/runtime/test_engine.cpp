@@ -103,6 +103,26 @@ TEST(Engine, StopTokenAndBudgetAcrossRequests) {
   EXPECT_EQ(e.stats().running, 0);
 }
 
+// min_tokens: the request's stop tokens are banned (SeqStep::banned) until it has that many tokens, then
+// one ends it as usual.
+TEST(Engine, MinTokensBansStopTokensUntilReached) {
+  FakeRunner r(64);
+  Engine e(r, {});
+  auto ch = std::make_shared<Channel>();
+  GenRequest g;
+  g.prompt = {0, 1, 2, 3};
+  g.max_tokens = 50;
+  g.min_tokens = 4;
+  g.stop_token_ids = {6, 9};
+  ASSERT_TRUE(e.submit(g, ch));
+  for (int i = 0; i < 60 && e.step(); ++i) {}
+  FinishReason fin = FinishReason::kNone;
+  EXPECT_EQ(drain(*ch, &fin), (std::vector<int32_t>{4, 5, 7, 8, 9}));  // 6 banned at the third token
+  EXPECT_EQ(fin, FinishReason::kStop);
+  EXPECT_EQ(r.banned_sizes, (std::vector<int>{2, 2, 2, 2, 0}));
+  EXPECT_EQ(e.stats().running, 0);
+}
+
 // While streams decode, a step takes at most max_prefill_tokens_with_decodes prompt tokens; with
 // nothing decoding it takes the whole budget.
 TEST(Engine, PrefillChunksAreShortWhileDecoding) {

@@ -293,5 +293,35 @@ TEST_F(CpuPrefixCache, OutputsIdenticalWithAndWithoutCachingPastTheWindow) {
   }
 }
 
+// min_tokens on the real model (the CPU runner masks the banned logits): a stop token that greedy would
+// pick first ends the request at once without it, and cannot come before the minimum with it.
+TEST_F(CpuPrefixCache, MinTokensBansTheStopTokensOfTheRealModel) {
+  auto r = runner();
+  Engine e(*r, {});
+  const auto prompt = seq(3000, 6);
+  const auto free_run = run_each(e, {prompt}, 6);
+  ASSERT_EQ(free_run[0].tokens.size(), 6u);
+  const int32_t first = free_run[0].tokens[0];
+  auto run = [&](int min_tokens) {
+    auto ch = std::make_shared<Channel>();
+    GenRequest g;
+    g.prompt = prompt;
+    g.max_tokens = 6;
+    g.min_tokens = min_tokens;
+    g.stop_token_ids = {first};
+    EXPECT_TRUE(e.submit(g, ch));
+    for (int i = 0; i < 100 && e.step(); ++i) {}
+    return fake::drain_output(*ch);
+  };
+  const Output stopped = run(0);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>{first});
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  const Output held = run(3);
+  ASSERT_GE(held.tokens.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(held.tokens[i], first) << i;
+  EXPECT_EQ(held.finish == FinishReason::kStop, held.tokens.back() == first);
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
+}
+
 }  // namespace
 }  // namespace mx::runtime

@@ -52,6 +52,7 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"min_tokens":50,"max_tokens":10})"), "min_tokens");  // row 25
   EXPECT_EQ(bad_param(R"({"min_tokens":-1})"), "min_tokens");
   EXPECT_EQ(bad_param(R"({"min_tokens":0})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"min_tokens":10,"max_tokens":10})"), "<accepted>");
   EXPECT_EQ(bad_param(R"({"ignore_eos":1})"), "ignore_eos");
   EXPECT_EQ(bad_param(R"({"ignore_eos":"true"})"), "ignore_eos");
   EXPECT_EQ(bad_param(R"({"ignore_eos":true})", false), "<accepted>");
