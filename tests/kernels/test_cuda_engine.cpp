@@ -574,6 +574,64 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
   EXPECT_EQ(checked, 12);
 }
 
+// Banned tokens (min_tokens): a row with SeqStep::banned samples on the host from its copied logits with
+// those ids at -inf. Two copies of one prompt in one step (a one-token decode after it too): the banned
+// row never takes the free row's greedy pick, and its own pick is the masked row's argmax (greedy) or a
+// draw that avoids the ban (temperature 0.8).
+TEST(CudaRunner, BannedTokensAreNeverSampled) {
+  const std::string dir = e2e_fixture("mini");
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int nseq = 3, P = 6, bs = 4, N = 12, nblk = N / bs;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
+  opt.keep_logits = true;
+  auto gpu = mx::make_cuda_runner(opt);
+  std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) {
+      bt[s].push_back(b * nseq + s);
+      sw[s].push_back(nblk * nseq + b * nseq + s);
+    }
+  std::vector<int32_t> prompt(P);
+  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
+  std::vector<int32_t> ban, fed(nseq);
+  for (int st = 0; st < 2; ++st) {
+    std::vector<mx::SeqStep> seqs(nseq);
+    for (int s = 0; s < nseq; ++s) {
+      mx::SeqStep& q = seqs[s];
+      q.seq_id = s;
+      q.tokens = st == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed[s], 1);
+      q.start_pos = st == 0 ? 0 : P;
+      q.block_table = bt[s];
+      q.sliding_table = sw[s];
+      q.sample = true;
+      q.sampling.temperature = s == 2 ? 0.8f : 0.f;
+      q.sampling.seed = 3;
+      q.rng_step = uint64_t(st);
+      if (s > 0) q.banned = ban;
+    }
+    std::vector<mx::SampleResult> out(nseq);
+    if (st == 0) {  // the free row's pick first, to ban it
+      gpu->step(std::span<const mx::SeqStep>(seqs).first(1), std::span<mx::SampleResult>(out).first(1));
+      ban = {out[0].token, cfg.vocab_size + 5};  // an id past the vocabulary is ignored
+      for (int s = 1; s < nseq; ++s) seqs[s].banned = ban;
+      gpu = mx::make_cuda_runner(opt);  // a fresh cache for the step with all three rows
+    }
+    gpu->step(seqs, out);
+    for (int s = 1; s < nseq; ++s) {
+      EXPECT_NE(out[s].token, ban[0]) << "row " << s << ", step " << st;
+      auto lg = gpu->last_logits(s);
+      ASSERT_EQ(int(lg.size()), cfg.vocab_size);
+      EXPECT_TRUE(std::isinf(lg[size_t(ban[0])]) && lg[size_t(ban[0])] < 0);
+    }
+    auto g1 = gpu->last_logits(1);
+    EXPECT_EQ(out[1].token, int(std::max_element(g1.begin(), g1.end()) - g1.begin())) << "step " << st;
+    if (st == 0) {
+      EXPECT_EQ(out[0].token, ban[0]);  // the same prompt unbanned: the same pick as before
+    }
+    for (int s = 0; s < nseq; ++s) fed[s] = out[s].token;
+  }
+}
+
 // Decode ahead (CudaEngineOptions::decode_ahead) enqueues the next one-token step, fed by the GPU's own
 // picks, before the current step's results are read. Its results must be those of the step the caller
 // then asks for, bit for bit, and a step that asks for something else must run as if nothing had been
