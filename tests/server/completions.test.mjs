@@ -50,13 +50,20 @@ test('/v1/models lists the served model', async () => {
   assert.equal(typeof models[0].max_model_len, 'number');
 });
 
+// The greedy completion of `prompt` and the id of its token `at` (null when that token's text does not
+// tokenize back to one id).
+async function greedy_token(prompt, max_tokens, at) {
+  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens, temperature: 0, logprobs: 0 });
+  const text = r.choices[0].logprobs.tokens[at];
+  const tok = await raw('/tokenize', { body: JSON.stringify({ prompt: text }) });
+  return { r, text, ids: tok.json?.tokens?.length === 1 ? tok.json.tokens : null };
+}
+
 test('stop_token_ids end generation before the stop token (finish_reason stop)', async (t) => {
   const prompt = [3000, 3001, 3002, 3003];
-  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 3, temperature: 0, logprobs: 0 });
-  const second = r.choices[0].logprobs.tokens[1];
-  const tok = await raw('/tokenize', { body: JSON.stringify({ prompt: second }) });
-  if (tok.json?.tokens?.length !== 1) return t.skip(`token ${JSON.stringify(second)} does not round-trip`);
-  const s = await oa.completions.create({ model: MODEL, prompt, max_tokens: 3, temperature: 0, stop_token_ids: tok.json.tokens });
+  const { r, text: second, ids } = await greedy_token(prompt, 3, 1);
+  if (!ids) return t.skip(`token ${JSON.stringify(second)} does not round-trip`);
+  const s = await oa.completions.create({ model: MODEL, prompt, max_tokens: 3, temperature: 0, stop_token_ids: ids });
   assert.equal(s.choices[0].finish_reason, 'stop');
   assert.ok(r.choices[0].text.startsWith(s.choices[0].text));
   assert.equal(s.usage.completion_tokens, 2);
@@ -64,15 +71,13 @@ test('stop_token_ids end generation before the stop token (finish_reason stop)',
 
 test('min_tokens: no stop token or stop string ends the text before it', async (t) => {
   const prompt = [3000, 3001, 3002, 3003];
-  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 4, temperature: 0, logprobs: 0 });
-  const first = r.choices[0].logprobs.tokens[0];
-  const tok = await raw('/tokenize', { body: JSON.stringify({ prompt: first }) });
-  if (tok.json?.tokens?.length !== 1) return t.skip(`token ${JSON.stringify(first)} does not round-trip`);
+  const { text: first, ids } = await greedy_token(prompt, 4, 0);
+  if (!ids) return t.skip(`token ${JSON.stringify(first)} does not round-trip`);
   const base = { model: MODEL, prompt, max_tokens: 4, temperature: 0, logprobs: 0 };
-  const stopped = await oa.completions.create({ ...base, stop_token_ids: tok.json.tokens });
+  const stopped = await oa.completions.create({ ...base, stop_token_ids: ids });
   assert.equal(stopped.usage.completion_tokens, 1);
   assert.equal(stopped.choices[0].finish_reason, 'stop');
-  const held = await oa.completions.create({ ...base, stop_token_ids: tok.json.tokens, min_tokens: 3 });
+  const held = await oa.completions.create({ ...base, stop_token_ids: ids, min_tokens: 3 });
   assert.ok(held.usage.completion_tokens >= 3, `${held.usage.completion_tokens} tokens`);
   assert.notEqual(held.choices[0].logprobs.tokens[0], first);  // the greedy pick was masked
   if (first.trim().length > 0) {
