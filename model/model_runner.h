@@ -44,7 +44,7 @@ struct SeqStep {
   bool expect_next = false;
   // Token ids the sampler must not pick for this token (their logits set to -inf first, so the reported
   // log-probs are the masked row's): a request's stop tokens until it has min_tokens tokens.
-  std::span<const int32_t> banned;
+  std::span<const int32_t> banned{};
 };
 
 struct SampleResult {

@@ -15,8 +15,9 @@ struct SeqHead {
   uint64_t seed, rng_step;
   int32_t start_pos, ntok, nbt, nsw, nban, top_k, top_logprobs;
   float temperature, top_p, min_p;
-  uint8_t sample, expect_next, logprobs, pad[5];  // 72 bytes, no implicit padding
+  uint8_t sample, expect_next, logprobs, pad[5];
 };
+static_assert(sizeof(SeqHead) == 72, "no implicit padding: every byte sent is written");
 
 template <class T>
 void put(std::string& s, const T& v) {

@@ -29,9 +29,8 @@ bool gpu_filters(const SeqStep& q) {
   const SamplingParams& p = q.sampling;
   return gpu_samples(q) && (p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f);
 }
-bool host_samples(const SeqStep& q) {
-  return (q.sampling.temperature > 0.f || q.sampling.top_logprobs > 0 || !q.banned.empty()) && !gpu_samples(q);
-}
+// The rest of the rows (greedy, no alternatives, no ban) take the greedy-pick kernel's pick.
+bool host_samples(const SeqStep& q) { return q.sampling.top_logprobs > 0 || !q.banned.empty(); }
 
 bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
   return a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k && a.min_p == b.min_p &&
