@@ -9,7 +9,8 @@ level and the KV use after it. --prompt-ids sends each request its own random to
 --max-tokens-min M draws each request's max_tokens uniformly from [M, --max-tokens] (seeded), so
 requests end at different steps and the batch changes as a real load's does.
 --engine-json takes `mxserve bench --json` rows (distinct batches at the serving depth) and prints
-the engine's step time at the same batch beside the served TPOT. Standard library only, so it runs on
+the engine's step time at the same batch beside the served TPOT. --min-tokens-eq-max sends
+min_tokens = max_tokens and no ignore_eos: the lengths stay fixed by banning the stop tokens. Standard library only, so it runs on
 machines without a package registry.
 
   python3 bench/bench_serving.py --base-url http://127.0.0.1:8000 --concurrency 64,128 \
@@ -54,6 +55,9 @@ def one_request(url, args, prompt, max_tokens, api_key):
                  "stream_options": {"include_usage": True}, "ignore_eos": True})
     if args.top_p is not None:
         body["top_p"] = args.top_p
+    if args.min_tokens_eq_max:  # the stop tokens banned until max_tokens instead of ignored
+        body["min_tokens"] = max_tokens
+        del body["ignore_eos"]
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
@@ -203,6 +207,8 @@ def main():
                     help="each request's max_tokens uniform in [this, --max-tokens] (default: all --max-tokens)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=None, help="send top_p (default: not sent)")
+    ap.add_argument("--min-tokens-eq-max", action="store_true",
+                    help="send min_tokens = max_tokens and no ignore_eos: fixed output lengths by banning the stop tokens")
     ap.add_argument("--requests-per-slot", type=int, default=2)
     ap.add_argument("--min-requests", type=int, default=4)
     ap.add_argument("--timeout", type=float, default=600.0)

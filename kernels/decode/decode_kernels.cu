@@ -162,8 +162,10 @@ __global__ void __launch_bounds__(256) argmax_part_k(const float* lg, int stride
   const float* r = lg + size_t(s) * stride;
   const float it = inv_temp ? inv_temp[s] : 0.f;
   const uint64_t key = it > 0.f ? keys[s] : 0;
-  // score = logit (greedy) or logit / T + Gumbel noise; the raw logits feed the log-softmax.
+  // score = logit (greedy) or logit / T + Gumbel noise; the raw logits feed the log-softmax. The running
+  // max starts finite, so a banned logit (-inf) adds exp(-inf) = 0, not exp(-inf - -inf) = NaN.
   ArgmaxPart a = kNoPart;
+  a.mx = -FLT_MAX;
   const int lo = c * chunk, hi = min(V, lo + chunk);
 #pragma unroll 8
   for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
@@ -205,6 +207,16 @@ __global__ void argmax_merge_k(int ranks, int S, int nchunks, const ArgmaxPart* 
     tok[s] = a.id;
     lp[s] = a.x - a.mx - logf(a.z);
     if (tok_dev) tok_dev[s] = a.id;
+  }
+}
+
+__global__ void ban_logits_k(float* lg, int stride, int id0, int n_ids, const int32_t* ban, int s0, int S) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int n = ban[0];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int s = ban[1 + 2 * i] - s0, id = ban[2 + 2 * i] - id0;
+    if (s >= 0 && s < S && id >= 0 && id < n_ids) lg[size_t(s) * stride + id] = -INFINITY;
   }
 }
 
@@ -267,6 +279,10 @@ void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* 
   const int nchunks = argmax_chunks(V_limit);
   launch_argmax_parts(lg, S, V, V_limit, 0, nchunks, scratch, s, inv_temp, key);
   launch_argmax_merge(scratch, 1, S, nchunks, tok, lp, s, tok_dev);
+}
+void launch_ban_logits(float* logits, int stride, int id0, int n_ids, const int32_t* ban, int s0, int S,
+                       cudaStream_t s) {
+  if (S > 0) launch_pdl(ban_logits_k, dim3(1), dim3(256), 0, s, logits, stride, id0, n_ids, ban, s0, S);
 }
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s) {
   fill_bf16_k<<<1024, 256, 0, s>>>(p, n, scale, offset, seed);

@@ -46,6 +46,9 @@ struct StepMeta {
   float* inv_temp;       // [S] 1 / temperature for GPU sampling, 0 = greedy (or sampled on the host)
   float *top_p, *min_p;  // [S] filters of GPU sampling (1 / 0 = off)
   int32_t* top_k;        // [S] 0 = off
+  // Banned tokens (min_tokens) masked before the pick: ban[0] pairs, then (sampled row, token id) pairs,
+  // at most MemoryPlan::ban_cap(); after the block tables, copied only by steps that have any.
+  int32_t* ban;
 };
 
 // The paged KV cache: its format and one KvLayer per model layer. A block is a page of the full
@@ -77,6 +80,11 @@ struct MemoryPlan {
   // 64-bit sample keys, the inverse temperatures, top_p, min_p and top_k of the sampled rows.
   int meta_key_off() const { return (9 * T + 1) & ~1; }
   int meta_tail() const { return meta_key_off() + 6 * S; }
+  // Ban pairs a step: the stop ids of the sampled rows below their min_tokens (two harmony stops a row,
+  // more where a request names its own; rows past the cap sample on the host).
+  static constexpr int kBanPairsPerRow = 8;
+  int ban_cap() const { return kBanPairsPerRow * S; }
+  int meta_ban_off() const { return meta_tail() + bt_cap; }
 };
 
 // Sizes every buffer and the KV cache from the options and the free device memory; fails with the

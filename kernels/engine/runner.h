@@ -30,6 +30,7 @@ namespace mx {
 // One step as step() enqueued it: what collect_step needs once its event has fired.
 struct StepPlan {
   int M = 0, S = 0, nbt = 0, n_decode = 0;
+  int nban = 0;              // banned-token pairs masked on the GPU (StepMeta::ban)
   int parity = 0;            // its host metadata, device metadata, result slots, event and graphs
   bool filters = false;      // GPU top-k / top-p / min-p after the pick
   bool need_logits = false;  // logits copied to the host (host sampling or keep_logits)
@@ -37,6 +38,7 @@ struct StepPlan {
   bool wide_graph = false;   // a wide decode step: replays a captured graph where WideGraphs has one
   bool attn_long = false;    // a context past the tensor-core attention's one pass
   std::vector<int> sample_seq;  // the sequence index of each sampled row
+  std::vector<uint8_t> host_pick;  // per sampled row: sampled on the host from the copied logits
   std::vector<SeqRows> layout;  // per sequence
 };
 
@@ -49,6 +51,7 @@ struct DecodeAhead {
   int parity = 0;
   std::vector<SeqStep> steps;                       // the step enqueued (tokens: the device's picks)
   std::vector<std::vector<int32_t>> full, sliding;  // their block tables (copies)
+  std::vector<std::vector<int32_t>> banned;         // and banned tokens (copies)
   std::vector<int32_t> fed;                         // the tokens it was fed, once the step before is collected
   DecodeAheadStats stats;
 };
@@ -59,6 +62,7 @@ struct GraphKey {
   bool attn_long = false;  // full layers on the register attention kernel
   int parity = 0;          // the metadata buffer and result slot it reads and writes
   bool full_logits = false;  // tensor parallel: the logits gathered (StepView::full_logits)
+  bool bans = false;         // banned tokens masked before the pick (StepView::bans)
 };
 class DecodeGraphs {
  public:
@@ -67,12 +71,13 @@ class DecodeGraphs {
   DecodeGraphs& operator=(const DecodeGraphs&) = delete;
   ~DecodeGraphs() { clear(); }
   cudaGraphExec_t& at(const GraphKey& k) {
-    return g_[size_t(k.tokens + (cuda::kDecodeMaxTokens + 1) * (int(k.attn_long) + 2 * k.parity + 4 * int(k.full_logits)))];
+    return g_[size_t(k.tokens + (cuda::kDecodeMaxTokens + 1) *
+                                    (int(k.attn_long) + 2 * k.parity + 4 * int(k.full_logits) + 8 * int(k.bans)))];
   }
   void clear();  // after anything a graph captured changed (a diagnostic turned on or off)
 
  private:
-  std::array<cudaGraphExec_t, (cuda::kDecodeMaxTokens + 1) * 8> g_{};
+  std::array<cudaGraphExec_t, (cuda::kDecodeMaxTokens + 1) * 16> g_{};
 };
 
 // Captured wide decode steps (single-token rows only, on the prefill forward, every row sampled), one
@@ -83,7 +88,7 @@ constexpr int kWideGraphRows = 8, kWideGraphPadFrom = 32;
 struct WideGraphKey {
   int tokens = 0;
   int parity = 0;
-  bool attn_long = false, full_logits = false;
+  bool attn_long = false, full_logits = false, bans = false;
   Forward::DecodeRowSplits splits;
   bool operator==(const WideGraphKey&) const = default;
 };
@@ -147,7 +152,7 @@ class CudaRunner final : public CudaRunnerBase {
   bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }
   // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.
   bool full_logits(const StepPlan& pl) const { return opt_.tp.size > 1 && (pl.filters || pl.need_logits); }
-  GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl)}; }
+  GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl), pl.nban > 0}; }
   void wait_step(const StepPlan& pl);  // until the step's last kernel is done
 
   CudaEngineOptions opt_;

@@ -20,17 +20,10 @@ namespace mx {
 namespace {
 
 // Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
-// it (kernels/sampling/sample_filtered.h). Only requests for alternatives (top_logprobs) and rows with
-// banned tokens (min_tokens) sample on the host from the copied logits.
-bool gpu_samples(const SeqStep& q) {
-  return q.sampling.temperature > 0.f && q.sampling.top_logprobs == 0 && q.banned.empty();
-}
-bool gpu_filters(const SeqStep& q) {
-  const SamplingParams& p = q.sampling;
-  return gpu_samples(q) && (p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f);
-}
-// The rest of the rows (greedy, no alternatives, no ban) take the greedy-pick kernel's pick.
-bool host_samples(const SeqStep& q) { return q.sampling.top_logprobs > 0 || !q.banned.empty(); }
+// it (kernels/sampling/sample_filtered.h), banned tokens (min_tokens) masked before both. Requests for
+// alternatives (top_logprobs), and rows whose bans do not fit the step's list, sample on the host from
+// the copied logits; the rest of the greedy rows take the greedy-pick kernel's pick.
+bool gpu_filters(const SamplingParams& p) { return p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f; }
 
 bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
   return a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k && a.min_p == b.min_p &&
@@ -87,11 +80,13 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   MX_CUDA(cudaEventSynchronize(copied_[parity]));
   pl.M = pl.S = pl.nbt = pl.n_decode = 0;
   pl.parity = parity;
+  pl.nban = 0;
   pl.filters = pl.need_logits = pl.graph = pl.wide_graph = pl.attn_long = false;
   pl.sample_seq.clear();
+  pl.host_pick.clear();
   pl.layout.clear();
   const StepMeta& h = hmeta_[parity];
-  int M = 0, S = 0, nbt = 0, n_decode = 0;
+  int M = 0, S = 0, nbt = 0, n_decode = 0, nban = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
     const int n = int(q.tokens.size());
@@ -142,11 +137,22 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
+      bool host = q.sampling.top_logprobs > 0;
+      if (!host && !q.banned.empty()) {
+        host = nban + int(q.banned.size()) > plan_.ban_cap();
+        for (size_t b = 0; !host && b < q.banned.size(); ++b) {
+          h.ban[1 + 2 * nban] = S;
+          h.ban[2 + 2 * nban++] = q.banned[b];
+        }
+      }
+      pl.host_pick.push_back(host);
+      pl.need_logits |= host;
+      const bool gpu_samples = !host && q.sampling.temperature > 0.f;
       h.srow[S] = M - 1;
       h.srow_local[S] = (M - 1) % cuda::kDecodeMaxTokens;
-      h.inv_temp[S] = gpu_samples(q) ? 1.0f / q.sampling.temperature : 0.0f;
+      h.inv_temp[S] = gpu_samples ? 1.0f / q.sampling.temperature : 0.0f;
       h.sample_key[S] = sample_stream_key(q.sampling.seed, q.rng_step);
-      const bool f = gpu_filters(q);
+      const bool f = gpu_samples && gpu_filters(q.sampling);
       h.top_k[S] = f ? q.sampling.top_k : 0;
       h.top_p[S] = f ? q.sampling.top_p : 1.f;
       h.min_p[S] = f ? q.sampling.min_p : 0.f;
@@ -155,12 +161,12 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
       pl.sample_seq.push_back(int(i));
     }
   }
-  pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode;
+  pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode; pl.nban = nban;
+  h.ban[0] = nban;
   int max_pos = 0;
   for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
   pl.attn_long = max_pos + 1 > cuda::attention_decode_mma_max_keys();
-  pl.need_logits = opt_.keep_logits;
-  for (int i : pl.sample_seq) pl.need_logits |= host_samples(seqs[size_t(i)]);
+  pl.need_logits |= opt_.keep_logits;
   bool identity = S == M;
   for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
   pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && M < opt_.prefill_min_tokens && opt_.use_graphs &&
@@ -213,6 +219,7 @@ StepView CudaRunner::view(const StepPlan& pl) const {
   v.num_sampled = pl.S;
   v.attn_long = pl.attn_long;
   v.full_logits = full_logits(pl);
+  v.bans = pl.nban > 0;
   return v;
 }
 
@@ -230,6 +237,8 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     MX_CUDA(cudaStreamWaitEvent(copy_stream_, done_[pl.parity], 0));
     MX_CUDA(cudaMemcpyAsync(d.tok, h.tok, size_t(plan_.meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice,
                             copy_stream_));
+    if (pl.nban > 0)
+      MX_CUDA(cudaMemcpyAsync(d.ban, h.ban, size_t(1 + 2 * pl.nban) * 4, cudaMemcpyHostToDevice, copy_stream_));
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
     probe_.begin_step(stream_);
@@ -300,8 +309,8 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
   for (int s = 0; s < last_sampled_; ++s) {
     const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
     SampleResult& r = out[size_t(pl.sample_seq[size_t(s)])];
-    if (host_samples(q)) {
-      // top_logprobs and banned tokens sample on the host from the copied logits (0.8 MB per row).
+    if (pl.host_pick[size_t(s)]) {
+      // top_logprobs and bans past the step's list sample on the host from the copied logits (0.8 MB a row).
       float* row = host_logits_ + size_t(s) * cfg_.vocab_size;
       ban_tokens(row, cfg_.vocab_size, q.banned);
       jobs_.push_back({row, &q.sampling, q.rng_step, &r});
@@ -324,7 +333,8 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
     const SeqStep& a = ahead_.steps[i];
     // (A greedy row's pick does not depend on its random stream.)
     if (q.seq_id != a.seq_id || q.tokens.size() != 1 || q.tokens[0] != ahead_.fed[i] || q.start_pos != a.start_pos ||
-        !q.sample || !q.banned.empty() || !same_sampling(q.sampling, a.sampling) || (gpu_samples(q) && q.rng_step != a.rng_step))
+        !q.sample || !same_sampling(q.sampling, a.sampling) || (q.sampling.temperature > 0.f && q.rng_step != a.rng_step) ||
+        !std::equal(q.banned.begin(), q.banned.end(), a.banned.begin(), a.banned.end()))
       return false;
     const size_t need = size_t(a.start_pos / bs + 1);
     if (q.block_table.size() < need || !std::equal(a.block_table.begin(), a.block_table.begin() + need, q.block_table.begin()))
@@ -358,17 +368,20 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
   ahead_.steps.resize(n);
   ahead_.full.resize(n);
   ahead_.sliding.resize(n);
+  ahead_.banned.resize(n);
   ahead_.fed.assign(n, -1);
   for (size_t i = 0; i < n; ++i) {
     const SeqStep& q = seqs[i];
     SeqStep& a = ahead_.steps[i];
     ahead_.full[i].assign(q.block_table.begin(), q.block_table.end());
     ahead_.sliding[i].assign(q.sliding_table.begin(), q.sliding_table.end());
+    ahead_.banned[i].assign(q.banned.begin(), q.banned.end());
     a = q;
     a.tokens = std::span<const int32_t>(&kPickedOnDevice, 1);
     a.start_pos = q.start_pos + 1;
     a.block_table = ahead_.full[i];
     a.sliding_table = ahead_.sliding[i];
+    a.banned = ahead_.banned[i];
     a.rng_step = q.rng_step + 1;
   }
   StepPlan& next = plan_step(ahead_.steps, pl.parity ^ 1, true);
@@ -387,7 +400,7 @@ void CudaRunner::run_decode_graph(const StepPlan& pl) {
 }
 
 WideGraphKey CudaRunner::wide_key(const StepPlan& pl, const StepView& st) const {
-  return {pl.M, pl.parity, pl.attn_long, full_logits(pl), forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
+  return {pl.M, pl.parity, pl.attn_long, full_logits(pl), pl.nban > 0, forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
 }
 
 // A wide decode step: replayed where captured, else eager. Its key when its shape repeats the wide step

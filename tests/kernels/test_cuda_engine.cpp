@@ -325,9 +325,10 @@ TEST(TensorParallel, MiniTwoGpusNcclOnlyMatchCpuReference) {
   expect_tp_like_one_gpu(12, 5, 7, 9, mx::MoeSplit::kIntermediate, false);  // NCCL inside wide graphs
 }
 // The picks of `nseq` sequences (prompts of P + s tokens, then `steps` one-token steps, every input
-// token given) on `tp` GPUs, greedy or sampled (seeded per sequence).
+// token given) on `tp` GPUs, greedy or sampled (seeded per sequence); the even sequences' picks banned
+// from `ban`.
 std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperature, int nseq, int P, int steps,
-                                       int prefill_min_tokens) {
+                                       int prefill_min_tokens, std::span<const int32_t> ban = {}) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + nseq + steps, nblk = (N + bs - 1) / bs;
@@ -348,7 +349,8 @@ std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperatu
   std::vector<mx::SampleResult> picks;
   std::vector<int> done(nseq, 0);
   for (int st = 0; st <= steps; ++st) {
-    const std::vector<mx::SeqStep> seqs = e2e_step(gpu->kv_shape(), st, P, toks, bt, sw, sw_step, done, temperature);
+    std::vector<mx::SeqStep> seqs = e2e_step(gpu->kv_shape(), st, P, toks, bt, sw, sw_step, done, temperature);
+    for (int s = 0; s < nseq; s += 2) seqs[size_t(s)].banned = ban;
     std::vector<mx::SampleResult> out(nseq);
     gpu->step(seqs, out);
     picks.insert(picks.end(), out.begin(), out.end());
@@ -372,6 +374,27 @@ TEST(TensorParallel, MiniTwoGpusSplitPickIsTheGatheredPick) {
     for (size_t i = 0; i < split.size(); ++i) {
       EXPECT_EQ(split[i].token, gathered[i].token) << c.nseq << " seqs, T " << c.temperature << ", pick " << i;
       EXPECT_NEAR(split[i].logprob, gathered[i].logprob, 1e-5) << c.nseq << " seqs, pick " << i;
+    }
+  }
+}
+// Banned tokens on each GPU's vocabulary slice (the split pick) and on the gathered row: the same picks,
+// and no banned id picked (graph decode steps, the decode path's chunks, wide graph steps).
+TEST(TensorParallel, MiniTwoGpusBannedTokensSplitAndGathered) {
+  if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  struct Case { int nseq, P, steps, prefill_min; float temperature; };
+  for (const Case c : {Case{3, 40, 3, 1 << 30, 0.f}, Case{12, 5, 3, 1 << 30, 0.8f}, Case{40, 5, 6, 9, 0.f}}) {
+    const auto free = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min);
+    std::vector<int32_t> ban;
+    for (size_t i = 0; i < free.size() && ban.size() < 6; i += 2) ban.push_back(free[i].token);
+    const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban);
+    const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban);
+    ASSERT_EQ(split.size(), gathered.size());
+    for (size_t i = 0; i < split.size(); ++i) {
+      EXPECT_EQ(split[i].token, gathered[i].token) << c.nseq << " seqs, T " << c.temperature << ", pick " << i;
+      EXPECT_NEAR(split[i].logprob, gathered[i].logprob, 1e-5) << c.nseq << " seqs, pick " << i;
+      if (i % size_t(c.nseq) % 2 == 0) {
+        EXPECT_EQ(std::count(ban.begin(), ban.end(), split[i].token), 0) << c.nseq << " seqs, pick " << i;
+      }
     }
   }
 }
@@ -578,10 +601,14 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
 // those ids at -inf. Two copies of one prompt in one step (a one-token decode after it too): the banned
 // row never takes the free row's greedy pick, and its own pick is the masked row's argmax (greedy) or a
 // draw that avoids the ban (temperature 0.8).
+// Banned tokens (min_tokens) are masked on the GPU before the pick (greedy, temperature, top-k rows), on
+// the prefill forward (step 0) and in a decode graph (step 1); a row whose bans do not fit the step's list
+// (8 pairs a row of max_num_seqs) samples on the host. Either way the banned id is never picked and the
+// copied logits hold -inf there.
 TEST(CudaRunner, BannedTokensAreNeverSampled) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
-  const int nseq = 3, P = 6, bs = 4, N = 12, nblk = N / bs;
+  const int nseq = 5, P = 6, bs = 4, N = 12, nblk = N / bs;
   mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
   opt.keep_logits = true;
   auto gpu = mx::make_cuda_runner(opt);
@@ -593,7 +620,7 @@ TEST(CudaRunner, BannedTokensAreNeverSampled) {
     }
   std::vector<int32_t> prompt(P);
   for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
-  std::vector<int32_t> ban, fed(nseq);
+  std::vector<int32_t> ban, many, fed(nseq);
   for (int st = 0; st < 2; ++st) {
     std::vector<mx::SeqStep> seqs(nseq);
     for (int s = 0; s < nseq; ++s) {
@@ -604,27 +631,35 @@ TEST(CudaRunner, BannedTokensAreNeverSampled) {
       q.block_table = bt[s];
       q.sliding_table = sw[s];
       q.sample = true;
-      q.sampling.temperature = s == 2 ? 0.8f : 0.f;
+      q.sampling.temperature = s == 2 || s == 3 ? 0.8f : 0.f;
+      if (s == 3) q.sampling.top_k = 20;
       q.sampling.seed = 3;
       q.rng_step = uint64_t(st);
-      if (s > 0) q.banned = ban;
     }
     std::vector<mx::SampleResult> out(nseq);
     if (st == 0) {  // the free row's pick first, to ban it
       gpu->step(std::span<const mx::SeqStep>(seqs).first(1), std::span<mx::SampleResult>(out).first(1));
       ban = {out[0].token, cfg.vocab_size + 5};  // an id past the vocabulary is ignored
-      for (int s = 1; s < nseq; ++s) seqs[s].banned = ban;
-      gpu = mx::make_cuda_runner(opt);  // a fresh cache for the step with all three rows
+      many = ban;
+      for (int id = 1; int(many.size()) < 8 * nseq; ++id)
+        if (id != ban[0]) many.push_back(id);
+      gpu = mx::make_cuda_runner(opt);  // a fresh cache for the step with every row
     }
+    for (int s = 1; s < nseq; ++s) seqs[s].banned = s == 4 ? many : ban;
     gpu->step(seqs, out);
     for (int s = 1; s < nseq; ++s) {
-      EXPECT_NE(out[s].token, ban[0]) << "row " << s << ", step " << st;
+      SCOPED_TRACE("row " + std::to_string(s) + ", step " + std::to_string(st));
+      EXPECT_NE(out[s].token, ban[0]);
       auto lg = gpu->last_logits(s);
       ASSERT_EQ(int(lg.size()), cfg.vocab_size);
       EXPECT_TRUE(std::isinf(lg[size_t(ban[0])]) && lg[size_t(ban[0])] < 0);
+      ASSERT_TRUE(out[s].token >= 0 && out[s].token < cfg.vocab_size);
+      EXPECT_TRUE(std::isfinite(lg[size_t(out[s].token)]));
+      EXPECT_TRUE(std::isfinite(out[s].logprob) && out[s].logprob <= 0.f);
+      if (s == 1 || s == 4) {
+        EXPECT_EQ(out[s].token, int(std::max_element(lg.begin(), lg.end()) - lg.begin()));
+      }
     }
-    auto g1 = gpu->last_logits(1);
-    EXPECT_EQ(out[1].token, int(std::max_element(g1.begin(), g1.end()) - g1.begin())) << "step " << st;
     if (st == 0) {
       EXPECT_EQ(out[0].token, ban[0]);  // the same prompt unbanned: the same pick as before
     }
@@ -645,7 +680,7 @@ struct AheadRun {
   uint64_t used = 0, launched = 0;
 };
 
-AheadRun decode_ahead_run(bool ahead, int scenario) {
+AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban = {}) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int nseq = 3, P = 5, steps = 14, bs = 4, N = P + steps + 1, nblk = (N + bs - 1) / bs;
@@ -683,6 +718,7 @@ AheadRun decode_ahead_run(bool ahead, int scenario) {
       q.sampling.seed = 5 + s;
       q.rng_step = scenario == 4 && s != 1 ? 0 : uint64_t(st);  // 4: greedy rows' streams unchanged
       q.expect_next = st < steps;
+      if (scenario == 5 && s < 2 && st < 8) q.banned = ban;  // 5: rows 0 and 1 banned until their min_tokens
     }
     std::vector<mx::SampleResult> out(live);
     gpu->step(seqs, out);
@@ -720,4 +756,22 @@ TEST(CudaRunner, DecodeAheadGivesTheSameTokens) {
     }
     EXPECT_GT(got.used, 0u);
   }
+}
+
+// Bans in decode ahead (scenario 5): the step enqueued ahead carries the step before's bans, so it is used
+// while they stay and dropped where they lift; the tokens are those of steps run one at a time.
+TEST(CudaRunner, DecodeAheadWithBannedTokens) {
+  const AheadRun free = decode_ahead_run(false, 0);
+  const int nseq = 3;
+  const std::vector<int32_t> ban = {free.tok[size_t(nseq)], free.tok[size_t(nseq) + 1], free.tok[size_t(2 * nseq)]};
+  const AheadRun want = decode_ahead_run(false, 5, ban), got = decode_ahead_run(true, 5, ban);
+  EXPECT_EQ(got.tok, want.tok);
+  ASSERT_EQ(got.lp.size(), want.lp.size());
+  EXPECT_EQ(std::memcmp(got.lp.data(), want.lp.data(), got.lp.size() * 4), 0);
+  for (int st = 0; st < 8; ++st)
+    for (int s = 0; s < 2; ++s)
+      for (int32_t b : ban) EXPECT_NE(want.tok[size_t(st * nseq + s)], b) << "step " << st << " row " << s;
+  EXPECT_NE(want.tok, free.tok);  // the bans changed something
+  EXPECT_EQ(got.launched, got.used + 1);  // the step enqueued with the bans that lifted
+  EXPECT_GT(got.used, 10u);
 }

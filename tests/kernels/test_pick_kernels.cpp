@@ -55,6 +55,53 @@ TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
 // One chunk (5003, 5004) and several with a partial last one (201088: 32 chunks, the gpt-oss vocabulary).
 INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004, 9001, 201088));
 
+// Banned tokens (min_tokens): the pairs of the rows [s0, s0 + S) inside the slice [id0, id0 + n) become
+// -inf, nothing else changes (exact); then the pick and its log-prob skip them, even where a thread's
+// first logits are all banned (the log-sum must not take exp(-inf - -inf)).
+TEST(CudaKernels, BanLogitsThenPick) {
+  const int V = 5003, S = 3, s0 = 2;
+  std::vector<float> lg(size_t(S) * V);
+  std::mt19937 rng(9);
+  std::normal_distribution<float> n(0, 2);
+  for (auto& v : lg) v = n(rng);
+  lg[size_t(V) + 77] = 60;  // row 1's pick, banned below
+  std::vector<int32_t> pairs;
+  auto add = [&](int s, int id) { pairs.push_back(s); pairs.push_back(id); };
+  for (int id = 0; id < 600; ++id) add(s0, id);  // row 0's first ids: every thread's first logits
+  add(s0 + 1, 77); add(s0 + 1, V - 1); add(s0 + 2, 2500);
+  add(s0 - 1, 5); add(s0 + S, 6); add(s0, V + 3); add(s0, -1);  // other rows' and out-of-range ids: untouched
+  std::vector<int32_t> ban = {int32_t(pairs.size() / 2)};
+  ban.insert(ban.end(), pairs.begin(), pairs.end());
+  for (int slice = 0; slice < 2; ++slice) {
+    SCOPED_TRACE(slice ? "slice [2000, 3500)" : "whole row");
+    const int id0 = slice ? 2000 : 0, nid = slice ? 1500 : V;
+    std::vector<float> want = lg;
+    for (size_t k = 0; k < pairs.size(); k += 2) {
+      const int s = pairs[k] - s0, id = pairs[k + 1];
+      if (s >= 0 && s < S && id >= id0 && id < id0 + nid) want[size_t(s) * V + id] = -INFINITY;
+    }
+    float* dlg = to_dev(lg);
+    int32_t* dban = to_dev(ban);
+    mx::cuda::launch_ban_logits(dlg + id0, V, id0, nid, dban, s0, S, 0);
+    auto got = from_dev(dlg, lg.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+    int32_t* dt; float* dl; float* dpart;
+    cudaMalloc(&dt, S * 4); cudaMalloc(&dl, S * 4); cudaMalloc(&dpart, mx::cuda::argmax_scratch_floats(S, V) * 4);
+    mx::cuda::launch_argmax_logprob(dlg, S, V, V, dt, dl, dpart, 0);
+    auto t = from_dev(dt, S);
+    auto lp = from_dev(dl, S);
+    for (int s = 0; s < S; ++s) {
+      const float* r = &want[size_t(s) * V];
+      const int best = int(std::max_element(r, r + V) - r);
+      double z = 0;
+      for (int i = 0; i < V; ++i) z += std::exp(double(r[i]) - r[best]);
+      EXPECT_EQ(t[s], best) << "row " << s;
+      EXPECT_NEAR(lp[s], -std::log(z), 1e-5) << "row " << s;
+    }
+    cudaFree(dlg); cudaFree(dban); cudaFree(dt); cudaFree(dl); cudaFree(dpart);
+  }
+}
+
 // The pick over a vocabulary split by tensor parallelism (argmax_parts on each slice, the partials laid
 // out as gathered, argmax_merge) is the one-GPU pick: the same ids (greedy, ties across slices, Gumbel
 // samples keyed by the global id, an id limit inside the last slice) and log-probs within 1e-5.
