@@ -21,6 +21,12 @@ struct SamplingParams {
   bool logprobs = false;     // return the chosen token's logprob
 };
 
+// OpenAI's logit_bias: `bias` (in [-100, 100]) added to token `id`'s logit before sampling.
+struct LogitBias {
+  int32_t id = 0;
+  float bias = 0.f;
+};
+
 // One sequence's work in a step: compute KV for `tokens` at positions
 // [start_pos, start_pos + tokens.size()), and if `sample`, sample the token after the last one.
 struct SeqStep {
@@ -45,6 +51,9 @@ struct SeqStep {
   // Token ids the sampler must not pick for this token (their logits set to -inf first, so the reported
   // log-probs are the masked row's): a request's stop tokens until it has min_tokens tokens.
   std::span<const int32_t> banned{};
+  // Added to the logits before the bans and the sampler (one entry an id), so the log-probs are the
+  // biased row's too.
+  std::span<const LogitBias> logit_bias{};
 };
 
 struct SampleResult {

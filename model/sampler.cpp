@@ -155,6 +155,11 @@ void ban_tokens(float* logits, int vocab, std::span<const int32_t> banned) {
     if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
 }
 
+void bias_tokens(float* logits, int vocab, std::span<const LogitBias> bias) {
+  for (const LogitBias& b : bias)
+    if (b.id >= 0 && b.id < vocab) logits[b.id] += b.bias;
+}
+
 void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,
                    std::vector<std::vector<float>>& scratch) {
   const int64_t n = int64_t(jobs.size());

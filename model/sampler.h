@@ -15,6 +15,8 @@ SampleResult sample_token(const float* logits, int vocab, const SamplingParams& 
 
 // Sets the logits of `banned` ids (those in [0, vocab)) to -inf: tokens a row may not pick (min_tokens).
 void ban_tokens(float* logits, int vocab, std::span<const int32_t> banned);
+// Adds each bias to its id's logit (ids in [0, vocab)): OpenAI's logit_bias.
+void bias_tokens(float* logits, int vocab, std::span<const LogitBias> bias);
 
 class ThreadPool;
 

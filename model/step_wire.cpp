@@ -13,9 +13,9 @@ constexpr uint32_t kMagic = 0x7473786d;  // "mxst"
 struct SeqHead {
   int64_t seq_id;
   uint64_t seed, rng_step;
-  int32_t start_pos, ntok, nbt, nsw, nban, top_k, top_logprobs;
+  int32_t start_pos, ntok, nbt, nsw, nban, nbias, top_k, top_logprobs;
   float temperature, top_p, min_p;
-  uint8_t sample, expect_next, logprobs, pad[5];
+  uint8_t sample, expect_next, logprobs, pad[1];
 };
 static_assert(sizeof(SeqHead) == 72, "no implicit padding: every byte sent is written");
 
@@ -47,7 +47,8 @@ void encode_step(std::span<const SeqStep> seqs, size_t num_results, std::string&
   for (const SeqStep& q : seqs) {
     const SamplingParams& p = q.sampling;
     const SeqHead h{q.seq_id, p.seed, q.rng_step, q.start_pos, int32_t(q.tokens.size()), int32_t(q.block_table.size()),
-                    int32_t(q.sliding_table.size()), int32_t(q.banned.size()), p.top_k, p.top_logprobs, p.temperature,
+                    int32_t(q.sliding_table.size()), int32_t(q.banned.size()), int32_t(q.logit_bias.size()), p.top_k,
+                    p.top_logprobs, p.temperature,
                     p.top_p, p.min_p,
                     uint8_t(q.sample), uint8_t(q.expect_next), uint8_t(p.logprobs), 0};
     put(out, h);
@@ -55,6 +56,7 @@ void encode_step(std::span<const SeqStep> seqs, size_t num_results, std::string&
     put_ids(out, q.block_table);
     put_ids(out, q.sliding_table);
     put_ids(out, q.banned);
+    out.append(reinterpret_cast<const char*>(q.logit_bias.data()), q.logit_bias.size() * sizeof(LogitBias));
   }
 }
 
@@ -70,17 +72,23 @@ void decode_step(const std::string& in, WireStep& out) {
   out.num_results = results;
   out.seqs.resize(n);
   out.ints.clear();
+  out.biases.clear();
   std::vector<SeqHead> heads(n);  // first pass: the ids into one array, then the spans into it
-  std::vector<size_t> offs(n);
+  std::vector<size_t> offs(n), boffs(n);
   for (uint32_t i = 0; i < n; ++i) {
     SeqHead& h = heads[i];
     r.take(&h, sizeof(h));
-    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0) fail("tensor parallelism: a step message with negative sizes");
+    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0 || h.nbias < 0)
+      fail("tensor parallelism: a step message with negative sizes");
     const size_t ids = size_t(h.ntok) + size_t(h.nbt) + size_t(h.nsw) + size_t(h.nban);
     if (ids > (in.size() - r.at) / 4) fail("tensor parallelism: a step message cut short ({} bytes)", in.size());
     offs[i] = out.ints.size();
     out.ints.resize(offs[i] + ids);
     r.take(out.ints.data() + offs[i], ids * 4);
+    if (size_t(h.nbias) > (in.size() - r.at) / sizeof(LogitBias)) fail("tensor parallelism: a step message cut short ({} bytes)", in.size());
+    boffs[i] = out.biases.size();
+    out.biases.resize(boffs[i] + size_t(h.nbias));
+    r.take(out.biases.data() + boffs[i], size_t(h.nbias) * sizeof(LogitBias));
   }
   if (r.at != in.size()) fail("tensor parallelism: {} bytes after a step message", in.size() - r.at);
   for (uint32_t i = 0; i < n; ++i) {
@@ -93,6 +101,7 @@ void decode_step(const std::string& in, WireStep& out) {
     q.block_table = {p + h.ntok, size_t(h.nbt)};
     q.sliding_table = {p + h.ntok + h.nbt, size_t(h.nsw)};
     q.banned = {p + h.ntok + h.nbt + h.nsw, size_t(h.nban)};
+    q.logit_bias = {out.biases.data() + boffs[i], size_t(h.nbias)};
     q.sample = h.sample != 0;
     q.expect_next = h.expect_next != 0;
     q.rng_step = h.rng_step;

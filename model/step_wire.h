@@ -19,6 +19,7 @@ void encode_step(std::span<const SeqStep> seqs, size_t num_results, std::string&
 struct WireStep {
   std::vector<SeqStep> seqs;
   std::vector<int32_t> ints;
+  std::vector<LogitBias> biases;
   size_t num_results = 0;
 };
 // Fails with one line on bytes that are not an encoded step.

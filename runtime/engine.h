@@ -93,6 +93,7 @@ struct GenRequest {
   int max_tokens = 16;
   int min_tokens = 0;                    // the stop tokens cannot be sampled before this many tokens
   std::vector<int32_t> stop_token_ids;   // generation ends with finish "stop" on any of these
+  std::vector<LogitBias> logit_bias;     // added to the logits before sampling, one entry an id
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 

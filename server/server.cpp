@@ -19,6 +19,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     p = parse_common(*body, chat, opt.limits);
     for (int32_t t : p.stop_token_ids)
       if (t >= tok->vocab_size()) throw InvalidRequest("stop_token_ids", fmt::format("stop token id {} is out of vocabulary", t));
+    for (const LogitBias& b : p.logit_bias)
+      if (b.id >= tok->vocab_size()) throw InvalidRequest("logit_bias", fmt::format("token id {} is out of vocabulary", b.id));
     if (!(e = ready_engine(res))) return;
     if (chat) {
       harmony::ChatRequest cr = harmony::chat_request_from_json(*body);

@@ -143,6 +143,7 @@ struct Server::Impl {
       g.sampling.seed = p.sampling.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
       g.max_tokens = max_tokens;
       g.min_tokens = p.min_tokens;
+      g.logit_bias = p.logit_bias;
       if (!p.ignore_eos) g.stop_token_ids = chat ? chat_stop_ids : eos_ids;
       g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
       g.deadline = deadline;

@@ -1,5 +1,7 @@
 #include "server/validate.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -31,6 +33,28 @@ int64_t integer(const json& b, const char* k, int64_t lo, int64_t hi) {
   int64_t i = v.get<int64_t>();
   if (i < lo || i > hi) bad(k, fmt::format("'{}' must be in [{}, {}], got {}", k, lo, hi, i));
   return i;
+}
+
+// OpenAI's logit_bias: {"token id": bias}. Ids are decimal strings (checked against the vocabulary by the
+// caller); biases are clamped to [-100, 100] as vLLM does; sorted by id, one entry an id.
+std::vector<LogitBias> logit_bias(const json& v, int max_entries) {
+  const char* k = "logit_bias";
+  if (!v.is_object()) bad(k, "'logit_bias' must be an object mapping token ids to biases");
+  if (int(v.size()) > max_entries) bad(k, fmt::format("'logit_bias' may hold at most {} token ids", max_entries));
+  std::vector<LogitBias> out;
+  for (const auto& [key, val] : v.items()) {
+    int32_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0)
+      bad(k, fmt::format("'logit_bias' keys must be token ids (non-negative integers), got \"{}\"", key));
+    if (!val.is_number() || !std::isfinite(val.get<double>()))
+      bad(k, fmt::format("'logit_bias' values must be numbers, got {} for token {}", val.dump(), key));
+    out.push_back({id, float(std::clamp(val.get<double>(), -100.0, 100.0))});
+  }
+  std::sort(out.begin(), out.end(), [](const LogitBias& a, const LogitBias& b) { return a.id < b.id; });
+  for (size_t i = 1; i < out.size(); ++i)
+    if (out[i].id == out[i - 1].id) bad(k, fmt::format("'logit_bias' names token {} twice", out[i].id));
+  return out;
 }
 
 }  // namespace
@@ -118,7 +142,8 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     if (p.max_tokens > 0 && m > p.max_tokens) bad("min_tokens", fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", m, p.max_tokens));
     p.min_tokens = int(m);
   }
-  for (const char* unsupported : {"logit_bias", "response_format", "chat_template", "guided_regex", "guided_json"})
+  if (present(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], lim.max_logit_bias);
+  for (const char* unsupported : {"response_format", "chat_template", "guided_regex", "guided_json"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
   return p;
 }

@@ -16,6 +16,7 @@ struct Limits {
   int max_stop = 16;
   int max_stop_len = 256;
   int max_stop_token_ids = 64;
+  int max_logit_bias = 300;
 };
 
 struct CommonParams {
@@ -28,6 +29,7 @@ struct CommonParams {
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // vLLM extension; the caller checks them against the vocabulary
   bool ignore_eos = false;  // vLLM extension: the model's end tokens (eos ids; chat: <|return|>, <|call|>) do not stop
+  std::vector<LogitBias> logit_bias;   // sorted by id; the caller checks the ids against the vocabulary
 };
 
 // chat: logprobs is a bool + top_logprobs; completions: logprobs is an int (0..20).

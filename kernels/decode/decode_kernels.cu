@@ -210,13 +210,13 @@ __global__ void argmax_merge_k(int ranks, int S, int nchunks, const ArgmaxPart* 
   }
 }
 
-__global__ void ban_logits_k(float* lg, int stride, int id0, int n_ids, const int32_t* ban, int s0, int S) {
+__global__ void adjust_logits_k(float* lg, int stride, int id0, int n_ids, const int32_t* adj, int s0, int S) {
   pdl_wait();
   pdl_launch_dependents();
-  const int n = ban[0];
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int s = ban[1 + 2 * i] - s0, id = ban[2 + 2 * i] - id0;
-    if (s >= 0 && s < S && id >= 0 && id < n_ids) lg[size_t(s) * stride + id] = -INFINITY;
+  const int n = adj[0];
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int s = adj[1 + 3 * i] - s0, id = adj[2 + 3 * i] - id0;
+    if (s >= 0 && s < S && id >= 0 && id < n_ids) atomicAdd(lg + size_t(s) * stride + id, __int_as_float(adj[3 + 3 * i]));
   }
 }
 
@@ -280,9 +280,10 @@ void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* 
   launch_argmax_parts(lg, S, V, V_limit, 0, nchunks, scratch, s, inv_temp, key);
   launch_argmax_merge(scratch, 1, S, nchunks, tok, lp, s, tok_dev);
 }
-void launch_ban_logits(float* logits, int stride, int id0, int n_ids, const int32_t* ban, int s0, int S,
-                       cudaStream_t s) {
-  if (S > 0) launch_pdl(ban_logits_k, dim3(1), dim3(256), 0, s, logits, stride, id0, n_ids, ban, s0, S);
+void launch_adjust_logits(float* logits, int stride, int id0, int n_ids, const int32_t* adj, int s0, int S,
+                          cudaStream_t s) {
+  // The count is read on the device (a graph replays any list): 8 CTAs cover a wide step's lists.
+  if (S > 0) launch_pdl(adjust_logits_k, dim3(8), dim3(256), 0, s, logits, stride, id0, n_ids, adj, s0, S);
 }
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s) {
   fill_bf16_k<<<1024, 256, 0, s>>>(p, n, scale, offset, seed);

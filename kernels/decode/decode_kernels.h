@@ -63,11 +63,13 @@ void launch_argmax_parts(const float* lg, int S, int stride, int V_limit, int id
                          cudaStream_t s, const float* inv_temp = nullptr, const uint64_t* key = nullptr);
 void launch_argmax_merge(const float* parts, int ranks, int S, int nchunks, int32_t* out_tok, float* out_lp,
                          cudaStream_t s, int32_t* tok_dev = nullptr);
-// Banned tokens (min_tokens) before the pick: logits[(s - s0) * stride + (id - id0)] = -inf for each
-// (s, id) pair of ban (ban[0] pairs, then s, id, ... on the device, so a captured graph reads each step's
-// list) with s in [s0, s0 + S) and id in [id0, id0 + n_ids) (a rank's vocabulary slice).
-void launch_ban_logits(float* logits, int stride, int id0, int n_ids, const int32_t* ban, int s0, int S,
-                       cudaStream_t s);
+// Logit adjustments before the pick (a logit_bias, or -inf for a banned token): logits[(s - s0) * stride +
+// (id - id0)] += value for each (s, id, value bits) triple of adj (adj[0] triples, then s, id, value, ...
+// on the device, so a captured graph reads each step's list) with s in [s0, s0 + S) and id in
+// [id0, id0 + n_ids) (a rank's vocabulary slice). Atomic adds: a bias and a ban of one id may meet, and
+// -inf absorbs the bias in either order.
+void launch_adjust_logits(float* logits, int stride, int id0, int n_ids, const int32_t* adj, int s0, int S,
+                          cudaStream_t s);
 // Random bf16 in [-scale, scale) / random bytes, generated on the device (dummy weights).
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s);
 void launch_fill_random_u8(uint8_t* p, size_t n, uint8_t lo, uint8_t span, uint64_t seed, cudaStream_t s);

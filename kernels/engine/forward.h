@@ -27,7 +27,7 @@ struct StepView {
   int num_sampled = 0;             // S
   bool attn_long = false;          // a context past the tensor-core attention's one pass: full layers use registers
   bool full_logits = false;        // tensor parallel: the step reads logits [S, V] after the pick (gathered)
-  bool bans = false;               // banned tokens (StepMeta::ban) masked before the pick
+  bool adjust = false;             // logit adjustments (StepMeta::adj: biases, bans) before the pick
 };
 
 // One sequence's rows in a prefill step: first token row, token count, block-table offsets of the

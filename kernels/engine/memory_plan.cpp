@@ -60,7 +60,7 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   const int window_blocks =
       p.sliding_window > 0 ? std::min(len_blocks, (p.sliding_window - 1 + p.T + bs - 1) / bs + 1) : 0;
   p.bt_cap = p.S * len_blocks * (p.sliding_window > 0 ? 2 : 1) + p.T;
-  p.meta_bytes = size_t(p.meta_ban_off() + 1 + 2 * p.ban_cap()) * 4;
+  p.meta_bytes = size_t(p.meta_adj_off() + 1 + 3 * p.adj_cap()) * 4;
   p.kv_spec.dtype = opt.kv_fp8 ? cuda::KvDtype::kFp8E4m3 : cuda::KvDtype::kBf16;
   if (opt.kv_fp8) {
     int dev = 0, major = 0, minor = 0;
@@ -134,7 +134,7 @@ StepMeta bind_step_meta(int32_t* base, const MemoryPlan& plan) {
   m.min_p = reinterpret_cast<float*>(base + k + 4 * S);
   m.top_k = base + k + 5 * S;
   m.bt = base + plan.meta_tail();
-  m.ban = base + plan.meta_ban_off();
+  m.adj = base + plan.meta_adj_off();
   return m;
 }
 

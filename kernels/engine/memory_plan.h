@@ -46,9 +46,10 @@ struct StepMeta {
   float* inv_temp;       // [S] 1 / temperature for GPU sampling, 0 = greedy (or sampled on the host)
   float *top_p, *min_p;  // [S] filters of GPU sampling (1 / 0 = off)
   int32_t* top_k;        // [S] 0 = off
-  // Banned tokens (min_tokens) masked before the pick: ban[0] pairs, then (sampled row, token id) pairs,
-  // at most MemoryPlan::ban_cap(); after the block tables, copied only by steps that have any.
-  int32_t* ban;
+  // Logit adjustments before the pick: adj[0] entries, then (sampled row, token id, value as float bits)
+  // triples, -inf for a banned token (min_tokens) or a logit_bias; at most MemoryPlan::adj_cap(); after
+  // the block tables, copied only by steps that have any.
+  int32_t* adj;
 };
 
 // The paged KV cache: its format and one KvLayer per model layer. A block is a page of the full
@@ -80,11 +81,12 @@ struct MemoryPlan {
   // 64-bit sample keys, the inverse temperatures, top_p, min_p and top_k of the sampled rows.
   int meta_key_off() const { return (9 * T + 1) & ~1; }
   int meta_tail() const { return meta_key_off() + 6 * S; }
-  // Ban pairs a step: the stop ids of the sampled rows below their min_tokens (two harmony stops a row,
-  // more where a request names its own; rows past the cap sample on the host).
-  static constexpr int kBanPairsPerRow = 8;
-  int ban_cap() const { return kBanPairsPerRow * S; }
-  int meta_ban_off() const { return meta_tail() + bt_cap; }
+  // Adjustments a step: a row's stop ids below its min_tokens (the model's two or three and up to 64 of
+  // the request's) and its logit_bias (up to 300 through the server): 384 a row of max_num_seqs, 4.7 MB a
+  // buffer at 1,024 rows. Rows past the cap (only a caller beyond those limits) sample on the host.
+  static constexpr int kAdjPerRow = 384;
+  int adj_cap() const { return kAdjPerRow * S; }
+  int meta_adj_off() const { return meta_tail() + bt_cap; }
 };
 
 // Sizes every buffer and the KV cache from the options and the free device memory; fails with the

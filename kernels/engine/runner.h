@@ -30,7 +30,7 @@ namespace mx {
 // One step as step() enqueued it: what collect_step needs once its event has fired.
 struct StepPlan {
   int M = 0, S = 0, nbt = 0, n_decode = 0;
-  int nban = 0;              // banned-token pairs masked on the GPU (StepMeta::ban)
+  int nadj = 0;              // logit adjustments made on the GPU (StepMeta::adj)
   int parity = 0;            // its host metadata, device metadata, result slots, event and graphs
   bool filters = false;      // GPU top-k / top-p / min-p after the pick
   bool need_logits = false;  // logits copied to the host (host sampling or keep_logits)
@@ -51,7 +51,8 @@ struct DecodeAhead {
   int parity = 0;
   std::vector<SeqStep> steps;                       // the step enqueued (tokens: the device's picks)
   std::vector<std::vector<int32_t>> full, sliding;  // their block tables (copies)
-  std::vector<std::vector<int32_t>> banned;         // and banned tokens (copies)
+  std::vector<std::vector<int32_t>> banned;         // their banned tokens (copies)
+  std::vector<std::vector<LogitBias>> bias;         // and logit biases (copies)
   std::vector<int32_t> fed;                         // the tokens it was fed, once the step before is collected
   DecodeAheadStats stats;
 };
@@ -62,7 +63,7 @@ struct GraphKey {
   bool attn_long = false;  // full layers on the register attention kernel
   int parity = 0;          // the metadata buffer and result slot it reads and writes
   bool full_logits = false;  // tensor parallel: the logits gathered (StepView::full_logits)
-  bool bans = false;         // banned tokens masked before the pick (StepView::bans)
+  bool adjust = false;       // logit adjustments before the pick (StepView::adjust)
 };
 class DecodeGraphs {
  public:
@@ -72,7 +73,7 @@ class DecodeGraphs {
   ~DecodeGraphs() { clear(); }
   cudaGraphExec_t& at(const GraphKey& k) {
     return g_[size_t(k.tokens + (cuda::kDecodeMaxTokens + 1) *
-                                    (int(k.attn_long) + 2 * k.parity + 4 * int(k.full_logits) + 8 * int(k.bans)))];
+                                    (int(k.attn_long) + 2 * k.parity + 4 * int(k.full_logits) + 8 * int(k.adjust)))];
   }
   void clear();  // after anything a graph captured changed (a diagnostic turned on or off)
 
@@ -88,7 +89,7 @@ constexpr int kWideGraphRows = 8, kWideGraphPadFrom = 32;
 struct WideGraphKey {
   int tokens = 0;
   int parity = 0;
-  bool attn_long = false, full_logits = false, bans = false;
+  bool attn_long = false, full_logits = false, adjust = false;
   Forward::DecodeRowSplits splits;
   bool operator==(const WideGraphKey&) const = default;
 };
@@ -152,7 +153,7 @@ class CudaRunner final : public CudaRunnerBase {
   bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }
   // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.
   bool full_logits(const StepPlan& pl) const { return opt_.tp.size > 1 && (pl.filters || pl.need_logits); }
-  GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl), pl.nban > 0}; }
+  GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl), pl.nadj > 0}; }
   void wait_step(const StepPlan& pl);  // until the step's last kernel is done
 
   CudaEngineOptions opt_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <thread>
 #include <vector>
@@ -20,9 +21,9 @@ namespace mx {
 namespace {
 
 // Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
-// it (kernels/sampling/sample_filtered.h), banned tokens (min_tokens) masked before both. Requests for
-// alternatives (top_logprobs), and rows whose bans do not fit the step's list, sample on the host from
-// the copied logits; the rest of the greedy rows take the greedy-pick kernel's pick.
+// it (kernels/sampling/sample_filtered.h), logit biases added and banned tokens (min_tokens) masked before
+// both. Requests for alternatives (top_logprobs), and rows whose adjustments do not fit the step's list,
+// sample on the host from the copied logits; the rest of the greedy rows take the greedy-pick kernel's pick.
 bool gpu_filters(const SamplingParams& p) { return p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f; }
 
 bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
@@ -80,13 +81,13 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   MX_CUDA(cudaEventSynchronize(copied_[parity]));
   pl.M = pl.S = pl.nbt = pl.n_decode = 0;
   pl.parity = parity;
-  pl.nban = 0;
+  pl.nadj = 0;
   pl.filters = pl.need_logits = pl.graph = pl.wide_graph = pl.attn_long = false;
   pl.sample_seq.clear();
   pl.host_pick.clear();
   pl.layout.clear();
   const StepMeta& h = hmeta_[parity];
-  int M = 0, S = 0, nbt = 0, n_decode = 0, nban = 0;
+  int M = 0, S = 0, nbt = 0, n_decode = 0, nadj = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
     const int n = int(q.tokens.size());
@@ -138,11 +139,17 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     M += n;
     if (q.sample) {
       bool host = q.sampling.top_logprobs > 0;
-      if (!host && !q.banned.empty()) {
-        host = nban + int(q.banned.size()) > plan_.ban_cap();
-        for (size_t b = 0; !host && b < q.banned.size(); ++b) {
-          h.ban[1 + 2 * nban] = S;
-          h.ban[2 + 2 * nban++] = q.banned[b];
+      if (!host && (!q.banned.empty() || !q.logit_bias.empty())) {
+        host = nadj + int(q.banned.size() + q.logit_bias.size()) > plan_.adj_cap();
+        auto add = [&](int32_t id, float v) {
+          int32_t* e = h.adj + 1 + 3 * nadj++;
+          e[0] = S;
+          e[1] = id;
+          std::memcpy(e + 2, &v, 4);
+        };
+        if (!host) {
+          for (const LogitBias& b : q.logit_bias) add(b.id, b.bias);
+          for (int32_t id : q.banned) add(id, -std::numeric_limits<float>::infinity());
         }
       }
       pl.host_pick.push_back(host);
@@ -161,8 +168,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
       pl.sample_seq.push_back(int(i));
     }
   }
-  pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode; pl.nban = nban;
-  h.ban[0] = nban;
+  pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode; pl.nadj = nadj;
+  h.adj[0] = nadj;
   int max_pos = 0;
   for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
   pl.attn_long = max_pos + 1 > cuda::attention_decode_mma_max_keys();
@@ -219,7 +226,7 @@ StepView CudaRunner::view(const StepPlan& pl) const {
   v.num_sampled = pl.S;
   v.attn_long = pl.attn_long;
   v.full_logits = full_logits(pl);
-  v.bans = pl.nban > 0;
+  v.adjust = pl.nadj > 0;
   return v;
 }
 
@@ -237,8 +244,8 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     MX_CUDA(cudaStreamWaitEvent(copy_stream_, done_[pl.parity], 0));
     MX_CUDA(cudaMemcpyAsync(d.tok, h.tok, size_t(plan_.meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice,
                             copy_stream_));
-    if (pl.nban > 0)
-      MX_CUDA(cudaMemcpyAsync(d.ban, h.ban, size_t(1 + 2 * pl.nban) * 4, cudaMemcpyHostToDevice, copy_stream_));
+    if (pl.nadj > 0)
+      MX_CUDA(cudaMemcpyAsync(d.adj, h.adj, size_t(1 + 3 * pl.nadj) * 4, cudaMemcpyHostToDevice, copy_stream_));
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
     probe_.begin_step(stream_);
@@ -310,8 +317,10 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
     const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
     SampleResult& r = out[size_t(pl.sample_seq[size_t(s)])];
     if (pl.host_pick[size_t(s)]) {
-      // top_logprobs and bans past the step's list sample on the host from the copied logits (0.8 MB a row).
+      // top_logprobs and adjustments past the step's list sample on the host from the copied logits (0.8 MB
+      // a row); the GPU adjusted none of a host row's logits.
       float* row = host_logits_ + size_t(s) * cfg_.vocab_size;
+      bias_tokens(row, cfg_.vocab_size, q.logit_bias);
       ban_tokens(row, cfg_.vocab_size, q.banned);
       jobs_.push_back({row, &q.sampling, q.rng_step, &r});
     } else {
@@ -334,7 +343,9 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
     // (A greedy row's pick does not depend on its random stream.)
     if (q.seq_id != a.seq_id || q.tokens.size() != 1 || q.tokens[0] != ahead_.fed[i] || q.start_pos != a.start_pos ||
         !q.sample || !same_sampling(q.sampling, a.sampling) || (q.sampling.temperature > 0.f && q.rng_step != a.rng_step) ||
-        !std::equal(q.banned.begin(), q.banned.end(), a.banned.begin(), a.banned.end()))
+        !std::equal(q.banned.begin(), q.banned.end(), a.banned.begin(), a.banned.end()) ||
+        !std::equal(q.logit_bias.begin(), q.logit_bias.end(), a.logit_bias.begin(), a.logit_bias.end(),
+                    [](const LogitBias& x, const LogitBias& y) { return x.id == y.id && x.bias == y.bias; }))
       return false;
     const size_t need = size_t(a.start_pos / bs + 1);
     if (q.block_table.size() < need || !std::equal(a.block_table.begin(), a.block_table.begin() + need, q.block_table.begin()))
@@ -369,6 +380,7 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
   ahead_.full.resize(n);
   ahead_.sliding.resize(n);
   ahead_.banned.resize(n);
+  ahead_.bias.resize(n);
   ahead_.fed.assign(n, -1);
   for (size_t i = 0; i < n; ++i) {
     const SeqStep& q = seqs[i];
@@ -376,12 +388,14 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
     ahead_.full[i].assign(q.block_table.begin(), q.block_table.end());
     ahead_.sliding[i].assign(q.sliding_table.begin(), q.sliding_table.end());
     ahead_.banned[i].assign(q.banned.begin(), q.banned.end());
+    ahead_.bias[i].assign(q.logit_bias.begin(), q.logit_bias.end());
     a = q;
     a.tokens = std::span<const int32_t>(&kPickedOnDevice, 1);
     a.start_pos = q.start_pos + 1;
     a.block_table = ahead_.full[i];
     a.sliding_table = ahead_.sliding[i];
     a.banned = ahead_.banned[i];
+    a.logit_bias = ahead_.bias[i];
     a.rng_step = q.rng_step + 1;
   }
   StepPlan& next = plan_step(ahead_.steps, pl.parity ^ 1, true);
@@ -400,7 +414,7 @@ void CudaRunner::run_decode_graph(const StepPlan& pl) {
 }
 
 WideGraphKey CudaRunner::wide_key(const StepPlan& pl, const StepView& st) const {
-  return {pl.M, pl.parity, pl.attn_long, full_logits(pl), pl.nban > 0, forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
+  return {pl.M, pl.parity, pl.attn_long, full_logits(pl), pl.nadj > 0, forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
 }
 
 // A wide decode step: replayed where captured, else eager. Its key when its shape repeats the wide step

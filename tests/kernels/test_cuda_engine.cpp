@@ -326,9 +326,10 @@ TEST(TensorParallel, MiniTwoGpusNcclOnlyMatchCpuReference) {
 }
 // The picks of `nseq` sequences (prompts of P + s tokens, then `steps` one-token steps, every input
 // token given) on `tp` GPUs, greedy or sampled (seeded per sequence); the even sequences' picks banned
-// from `ban`.
+// from `ban`, the odd ones' logits biased by `bias`.
 std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperature, int nseq, int P, int steps,
-                                       int prefill_min_tokens, std::span<const int32_t> ban = {}) {
+                                       int prefill_min_tokens, std::span<const int32_t> ban = {},
+                                       std::span<const mx::LogitBias> bias = {}) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + nseq + steps, nblk = (N + bs - 1) / bs;
@@ -350,7 +351,10 @@ std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperatu
   std::vector<int> done(nseq, 0);
   for (int st = 0; st <= steps; ++st) {
     std::vector<mx::SeqStep> seqs = e2e_step(gpu->kv_shape(), st, P, toks, bt, sw, sw_step, done, temperature);
-    for (int s = 0; s < nseq; s += 2) seqs[size_t(s)].banned = ban;
+    for (int s = 0; s < nseq; ++s) {
+      if (s % 2 == 0) seqs[size_t(s)].banned = ban;
+      else seqs[size_t(s)].logit_bias = bias;
+    }
     std::vector<mx::SampleResult> out(nseq);
     gpu->step(seqs, out);
     picks.insert(picks.end(), out.begin(), out.end());
@@ -377,24 +381,26 @@ TEST(TensorParallel, MiniTwoGpusSplitPickIsTheGatheredPick) {
     }
   }
 }
-// Banned tokens on each GPU's vocabulary slice (the split pick) and on the gathered row: the same picks,
-// and no banned id picked (graph decode steps, the decode path's chunks, wide graph steps).
-TEST(TensorParallel, MiniTwoGpusBannedTokensSplitAndGathered) {
+// Banned tokens and logit biases on each GPU's vocabulary slice (the split pick) and on the gathered row:
+// the same picks, no banned id picked, the +100 bias (an id of the second GPU's slice) always picked (graph
+// decode steps, the decode path's chunks, wide graph steps).
+TEST(TensorParallel, MiniTwoGpusLogitAdjustmentsSplitAndGathered) {
   if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   struct Case { int nseq, P, steps, prefill_min; float temperature; };
   for (const Case c : {Case{3, 40, 3, 1 << 30, 0.f}, Case{12, 5, 3, 1 << 30, 0.8f}, Case{40, 5, 6, 9, 0.f}}) {
     const auto free = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min);
     std::vector<int32_t> ban;
     for (size_t i = 0; i < free.size() && ban.size() < 6; i += 2) ban.push_back(free[i].token);
-    const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban);
-    const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban);
+    const int32_t forced = mx::load_model_config(e2e_fixture("mini")).vocab_size - 3;
+    const std::vector<mx::LogitBias> bias = {{forced, 100.f}, {ban[0], 100.f}};
+    const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban, bias);
+    const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban, bias);
     ASSERT_EQ(split.size(), gathered.size());
     for (size_t i = 0; i < split.size(); ++i) {
       EXPECT_EQ(split[i].token, gathered[i].token) << c.nseq << " seqs, T " << c.temperature << ", pick " << i;
       EXPECT_NEAR(split[i].logprob, gathered[i].logprob, 1e-5) << c.nseq << " seqs, pick " << i;
-      if (i % size_t(c.nseq) % 2 == 0) {
-        EXPECT_EQ(std::count(ban.begin(), ban.end(), split[i].token), 0) << c.nseq << " seqs, pick " << i;
-      }
+      const bool even = i % size_t(c.nseq) % 2 == 0, is_banned = std::count(ban.begin(), ban.end(), split[i].token) > 0;
+      EXPECT_TRUE(even ? !is_banned : split[i].token == forced || split[i].token == ban[0]) << c.nseq << " seqs, pick " << i;
     }
   }
 }
@@ -601,14 +607,15 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
 // those ids at -inf. Two copies of one prompt in one step (a one-token decode after it too): the banned
 // row never takes the free row's greedy pick, and its own pick is the masked row's argmax (greedy) or a
 // draw that avoids the ban (temperature 0.8).
-// Banned tokens (min_tokens) are masked on the GPU before the pick (greedy, temperature, top-k rows), on
-// the prefill forward (step 0) and in a decode graph (step 1); a row whose bans do not fit the step's list
-// (8 pairs a row of max_num_seqs) samples on the host. Either way the banned id is never picked and the
-// copied logits hold -inf there.
+// Logit adjustments are made on the GPU before the pick: banned tokens (min_tokens) on greedy,
+// temperature and top-k rows, and logit_bias (a +100 bias wins, on a greedy and a temperature row, even
+// beside a ban of another id that also has a bias), on the prefill forward (step 0) and in a decode graph
+// (step 1). A row whose adjustments do not fit the step's list (384 a row of max_num_seqs) samples on the
+// host, adjusted there. Either way the banned id is never picked and the copied logits hold -inf there.
 TEST(CudaRunner, BannedTokensAreNeverSampled) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
-  const int nseq = 5, P = 6, bs = 4, N = 12, nblk = N / bs;
+  const int nseq = 7, P = 6, bs = 4, N = 12, nblk = N / bs;
   mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
   opt.keep_logits = true;
   auto gpu = mx::make_cuda_runner(opt);
@@ -621,6 +628,8 @@ TEST(CudaRunner, BannedTokensAreNeverSampled) {
   std::vector<int32_t> prompt(P);
   for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
   std::vector<int32_t> ban, many, fed(nseq);
+  std::vector<mx::LogitBias> bias, bias4;
+  int32_t forced = 0, forced4 = 0;
   for (int st = 0; st < 2; ++st) {
     std::vector<mx::SeqStep> seqs(nseq);
     for (int s = 0; s < nseq; ++s) {
@@ -631,7 +640,7 @@ TEST(CudaRunner, BannedTokensAreNeverSampled) {
       q.block_table = bt[s];
       q.sliding_table = sw[s];
       q.sample = true;
-      q.sampling.temperature = s == 2 || s == 3 ? 0.8f : 0.f;
+      q.sampling.temperature = s == 2 || s == 3 || s == 6 ? 0.8f : 0.f;
       if (s == 3) q.sampling.top_k = 20;
       q.sampling.seed = 3;
       q.rng_step = uint64_t(st);
@@ -641,24 +650,34 @@ TEST(CudaRunner, BannedTokensAreNeverSampled) {
       gpu->step(std::span<const mx::SeqStep>(seqs).first(1), std::span<mx::SampleResult>(out).first(1));
       ban = {out[0].token, cfg.vocab_size + 5};  // an id past the vocabulary is ignored
       many = ban;
-      for (int id = 1; int(many.size()) < 8 * nseq; ++id)
+      for (int id = 1; int(many.size()) < 384 * nseq + 10; ++id)
         if (id != ban[0]) many.push_back(id);
+      forced = (ban[0] + 1000) % cfg.vocab_size;
+      forced4 = (ban[0] + 2000) % cfg.vocab_size;
+      bias = {{ban[0], 50.f}, {forced, 100.f}};
+      bias4 = {{forced4, 100.f}};
       gpu = mx::make_cuda_runner(opt);  // a fresh cache for the step with every row
     }
-    for (int s = 1; s < nseq; ++s) seqs[s].banned = s == 4 ? many : ban;
+    for (int s = 1; s < 6; ++s) seqs[s].banned = ban;
+    seqs[4].banned = many;
+    seqs[4].logit_bias = bias4;
+    seqs[5].logit_bias = bias;
+    seqs[6].logit_bias = bias;
     gpu->step(seqs, out);
     for (int s = 1; s < nseq; ++s) {
       SCOPED_TRACE("row " + std::to_string(s) + ", step " + std::to_string(st));
-      EXPECT_NE(out[s].token, ban[0]);
       auto lg = gpu->last_logits(s);
       ASSERT_EQ(int(lg.size()), cfg.vocab_size);
-      EXPECT_TRUE(std::isinf(lg[size_t(ban[0])]) && lg[size_t(ban[0])] < 0);
       ASSERT_TRUE(out[s].token >= 0 && out[s].token < cfg.vocab_size);
       EXPECT_TRUE(std::isfinite(lg[size_t(out[s].token)]));
       EXPECT_TRUE(std::isfinite(out[s].logprob) && out[s].logprob <= 0.f);
-      if (s == 1 || s == 4) {
-        EXPECT_EQ(out[s].token, int(std::max_element(lg.begin(), lg.end()) - lg.begin()));
+      if (s != 6) {
+        EXPECT_NE(out[s].token, ban[0]);
+        EXPECT_TRUE(std::isinf(lg[size_t(ban[0])]) && lg[size_t(ban[0])] < 0);
       }
+      const int greedy = int(std::max_element(lg.begin(), lg.end()) - lg.begin());
+      EXPECT_TRUE((s != 1 && s != 4 && s != 5) || out[s].token == greedy);
+      EXPECT_EQ(out[s].token, s == 4 ? forced4 : s >= 5 ? forced : out[s].token);
     }
     if (st == 0) {
       EXPECT_EQ(out[0].token, ban[0]);  // the same prompt unbanned: the same pick as before
@@ -695,6 +714,7 @@ AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban
     }
   std::vector<int32_t> prompt(P);
   for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
+  const std::vector<mx::LogitBias> bias5 = {{cfg.vocab_size - 7, 100.f}};
   AheadRun r;
   std::vector<int32_t> last(nseq);
   int live = nseq;
@@ -718,7 +738,8 @@ AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban
       q.sampling.seed = 5 + s;
       q.rng_step = scenario == 4 && s != 1 ? 0 : uint64_t(st);  // 4: greedy rows' streams unchanged
       q.expect_next = st < steps;
-      if (scenario == 5 && s < 2 && st < 8) q.banned = ban;  // 5: rows 0 and 1 banned until their min_tokens
+      if (scenario == 5 && s < 2 && st < 8) q.banned = ban;  // 5: rows 0 and 1 banned until their min_tokens,
+      if (scenario == 5 && s == 2) q.logit_bias = bias5;      // row 2 biased throughout
     }
     std::vector<mx::SampleResult> out(live);
     gpu->step(seqs, out);
@@ -758,8 +779,8 @@ TEST(CudaRunner, DecodeAheadGivesTheSameTokens) {
   }
 }
 
-// Bans in decode ahead (scenario 5): the step enqueued ahead carries the step before's bans, so it is used
-// while they stay and dropped where they lift; the tokens are those of steps run one at a time.
+// Bans and biases in decode ahead (scenario 5): the step enqueued ahead carries the step before's, so it is
+// used while they stay and dropped where the bans lift; the tokens are those of steps run one at a time.
 TEST(CudaRunner, DecodeAheadWithBannedTokens) {
   const AheadRun free = decode_ahead_run(false, 0);
   const int nseq = 3;
@@ -772,6 +793,7 @@ TEST(CudaRunner, DecodeAheadWithBannedTokens) {
     for (int s = 0; s < 2; ++s)
       for (int32_t b : ban) EXPECT_NE(want.tok[size_t(st * nseq + s)], b) << "step " << st << " row " << s;
   EXPECT_NE(want.tok, free.tok);  // the bans changed something
+  for (size_t i = 2; i < want.tok.size(); i += nseq) EXPECT_EQ(want.tok[i], want.tok[2]);  // row 2: the +100 bias
   EXPECT_EQ(got.launched, got.used + 1);  // the step enqueued with the bans that lifted
   EXPECT_GT(got.used, 10u);
 }

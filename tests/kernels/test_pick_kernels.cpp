@@ -55,34 +55,43 @@ TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
 // One chunk (5003, 5004) and several with a partial last one (201088: 32 chunks, the gpt-oss vocabulary).
 INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004, 9001, 201088));
 
-// Banned tokens (min_tokens): the pairs of the rows [s0, s0 + S) inside the slice [id0, id0 + n) become
-// -inf, nothing else changes (exact); then the pick and its log-prob skip them, even where a thread's
-// first logits are all banned (the log-sum must not take exp(-inf - -inf)).
-TEST(CudaKernels, BanLogitsThenPick) {
+// Logit adjustments (logit_bias, min_tokens' bans): each (s, id, value) of the rows [s0, s0 + S) inside
+// the slice [id0, id0 + n) is added, nothing else changes (exact: one bias an id, and -inf absorbs it in
+// either order); then the pick and its log-prob skip the banned ids, even where a thread's first logits
+// are all banned (the log-sum must not take exp(-inf - -inf)).
+TEST(CudaKernels, AdjustLogitsThenPick) {
   const int V = 5003, S = 3, s0 = 2;
+  const float ninf = -INFINITY;
   std::vector<float> lg(size_t(S) * V);
   std::mt19937 rng(9);
   std::normal_distribution<float> n(0, 2);
   for (auto& v : lg) v = n(rng);
   lg[size_t(V) + 77] = 60;  // row 1's pick, banned below
-  std::vector<int32_t> pairs;
-  auto add = [&](int s, int id) { pairs.push_back(s); pairs.push_back(id); };
-  for (int id = 0; id < 600; ++id) add(s0, id);  // row 0's first ids: every thread's first logits
-  add(s0 + 1, 77); add(s0 + 1, V - 1); add(s0 + 2, 2500);
-  add(s0 - 1, 5); add(s0 + S, 6); add(s0, V + 3); add(s0, -1);  // other rows' and out-of-range ids: untouched
-  std::vector<int32_t> ban = {int32_t(pairs.size() / 2)};
-  ban.insert(ban.end(), pairs.begin(), pairs.end());
+  std::vector<int32_t> adj = {0};
+  auto add = [&](int s, int id, float v) {
+    int32_t b;
+    std::memcpy(&b, &v, 4);
+    adj.insert(adj.end(), {s, id, b});
+    ++adj[0];
+  };
+  for (int id = 0; id < 600; ++id) add(s0, id, ninf);  // row 0's first ids: every thread's first logits
+  add(s0, 700, 100.f);                                  // row 0's pick: a bias
+  add(s0 + 1, 77, 3.f); add(s0 + 1, 77, ninf);          // a bias and a ban of one id
+  add(s0 + 1, V - 1, ninf); add(s0 + 2, 2500, -7.5f); add(s0 + 2, 2600, ninf); add(s0 + 2, 2600, 9.f);
+  add(s0 - 1, 5, ninf); add(s0 + S, 6, ninf); add(s0, V + 3, ninf); add(s0, -1, ninf);  // out of range: untouched
   for (int slice = 0; slice < 2; ++slice) {
     SCOPED_TRACE(slice ? "slice [2000, 3500)" : "whole row");
     const int id0 = slice ? 2000 : 0, nid = slice ? 1500 : V;
     std::vector<float> want = lg;
-    for (size_t k = 0; k < pairs.size(); k += 2) {
-      const int s = pairs[k] - s0, id = pairs[k + 1];
-      if (s >= 0 && s < S && id >= id0 && id < id0 + nid) want[size_t(s) * V + id] = -INFINITY;
+    for (int k = 0; k < adj[0]; ++k) {
+      const int s = adj[1 + 3 * k] - s0, id = adj[2 + 3 * k];
+      float v;
+      std::memcpy(&v, &adj[3 + 3 * k], 4);
+      if (s >= 0 && s < S && id >= id0 && id < id0 + nid) want[size_t(s) * V + id] += v;
     }
     float* dlg = to_dev(lg);
-    int32_t* dban = to_dev(ban);
-    mx::cuda::launch_ban_logits(dlg + id0, V, id0, nid, dban, s0, S, 0);
+    int32_t* dadj = to_dev(adj);
+    mx::cuda::launch_adjust_logits(dlg + id0, V, id0, nid, dadj, s0, S, 0);
     auto got = from_dev(dlg, lg.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
     int32_t* dt; float* dl; float* dpart;
@@ -98,7 +107,7 @@ TEST(CudaKernels, BanLogitsThenPick) {
       EXPECT_EQ(t[s], best) << "row " << s;
       EXPECT_NEAR(lp[s], -std::log(z), 1e-5) << "row " << s;
     }
-    cudaFree(dlg); cudaFree(dban); cudaFree(dt); cudaFree(dl); cudaFree(dpart);
+    cudaFree(dlg); cudaFree(dadj); cudaFree(dt); cudaFree(dl); cudaFree(dpart);
   }
 }
 

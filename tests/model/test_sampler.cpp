@@ -62,6 +62,18 @@ TEST(Sampler, BannedTokensAreNeverPicked) {
   }
 }
 
+TEST(Sampler, LogitBiasIsAddedToItsIds) {
+  std::vector<float> l = {0.5f, 3.0f, 2.0f, 2.5f};
+  const std::vector<mx::LogitBias> bias = {{0, 4.0f}, {1, -100.f}, {7, 50.f}, {-2, 1.f}};  // out of range: ignored
+  mx::bias_tokens(l.data(), 4, bias);
+  EXPECT_EQ(l, (std::vector<float>{4.5f, -97.0f, 2.0f, 2.5f}));
+  std::vector<float> scratch;
+  EXPECT_EQ(mx::sample_token(l.data(), 4, params(0.0f), 0, scratch).token, 0);
+  const std::vector<int32_t> ban = {0};  // a ban wins over any bias
+  mx::ban_tokens(l.data(), 4, ban);
+  EXPECT_EQ(mx::sample_token(l.data(), 4, params(0.0f), 0, scratch).token, 3);
+}
+
 TEST(Sampler, LogprobIgnoresTemperature) {
   std::vector<float> l = log_probs({0.5, 0.3, 0.2});
   std::vector<float> scratch;

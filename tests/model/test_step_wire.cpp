@@ -10,6 +10,7 @@ using namespace mx;
 
 TEST(StepWire, RoundTripKeepsEveryField) {
   const std::vector<int32_t> t0{5, 6, 7}, b0{3, 1}, s0{-1, 9}, t1{42}, b1{8}, ban1{200002, 200012};
+  const std::vector<LogitBias> bias0{{7, -100.f}, {200001, 2.5f}};
   std::vector<SeqStep> in(3);
   in[0].seq_id = 11;
   in[0].tokens = t0;
@@ -19,6 +20,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
   in[0].sampling = SamplingParams{0.7f, 0.9f, 40, 0.05f, 1ull << 60, 3, true};
   in[0].rng_step = 17;
   in[0].expect_next = true;
+  in[0].logit_bias = bias0;
   in[1].seq_id = -2;
   in[1].tokens = t1;
   in[1].start_pos = 123;
@@ -42,6 +44,11 @@ TEST(StepWire, RoundTripKeepsEveryField) {
     EXPECT_EQ(std::vector<int32_t>(a.sliding_table.begin(), a.sliding_table.end()),
               std::vector<int32_t>(b.sliding_table.begin(), b.sliding_table.end()));
     EXPECT_EQ(std::vector<int32_t>(a.banned.begin(), a.banned.end()), std::vector<int32_t>(b.banned.begin(), b.banned.end()));
+    ASSERT_EQ(a.logit_bias.size(), b.logit_bias.size());
+    for (size_t j = 0; j < a.logit_bias.size(); ++j) {
+      EXPECT_EQ(a.logit_bias[j].id, b.logit_bias[j].id);
+      EXPECT_EQ(a.logit_bias[j].bias, b.logit_bias[j].bias);
+    }
     EXPECT_EQ(a.sample, b.sample);
     EXPECT_EQ(a.expect_next, b.expect_next);
     EXPECT_EQ(a.rng_step, b.rng_step);

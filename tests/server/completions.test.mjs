@@ -69,6 +69,22 @@ test('stop_token_ids end generation before the stop token (finish_reason stop)',
   assert.equal(s.usage.completion_tokens, 2);
 });
 
+test('logit_bias: +100 forces a token, -100 moves the greedy pick away', async (t) => {
+  const prompt = [3000, 3001, 3002, 3003];
+  const { text: first, ids } = await greedy_token(prompt, 3, 0);
+  if (!ids) return t.skip(`token ${JSON.stringify(first)} does not round-trip`);
+  const base = { model: MODEL, prompt, max_tokens: 3, temperature: 0, logprobs: 0 };
+  const forced = ids[0] === 1234 ? 1235 : 1234;
+  const all = await oa.completions.create({ ...base, logit_bias: { [forced]: 100 } });
+  const word = (await raw('/detokenize', { body: JSON.stringify({ tokens: [forced] }) })).json.prompt;
+  assert.deepEqual(all.choices[0].logprobs.tokens, [word, word, word]);
+  const away = await oa.completions.create({ ...base, logit_bias: { [ids[0]]: -100 } });
+  assert.notEqual(away.choices[0].logprobs.tokens[0], first);
+  const chat = await oa.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 2,
+    temperature: 0, logit_bias: { [forced]: 100 } });
+  assert.equal(chat.usage.completion_tokens, 2);
+});
+
 test('min_tokens: no stop token or stop string ends the text before it', async (t) => {
   const prompt = [3000, 3001, 3002, 3003];
   const { text: first, ids } = await greedy_token(prompt, 4, 0);

@@ -45,6 +45,7 @@ const BAD = [
   ['24 stop_token_ids out of vocab', 'cmpl', cmpl({ stop_token_ids: [999999] }), 'stop_token_ids'],
   ['25 min_tokens > max_tokens', 'chat', chat({ min_tokens: 50, max_tokens: 10 }), 'min_tokens'],
   ['26 logit_bias', 'chat', chat({ logit_bias: { abc: 5 } }), 'logit_bias'],
+  ['26 logit_bias out of vocab', 'cmpl', cmpl({ logit_bias: { 999999: 5 } }), 'logit_bias'],
   ['27 seed 2^70', 'chat', chat({ seed: 2 ** 70 }), 'seed'],
   ['28 response_format', 'chat', chat({ response_format: { type: 123 } }), 'response_format'],
   ['30 tools bad type', 'chat', chat({ tools: [{ type: 'nope', function: { name: 'f' } }] }), 'tools[0]'],

@@ -323,5 +323,32 @@ TEST_F(CpuPrefixCache, MinTokensBansTheStopTokensOfTheRealModel) {
   EXPECT_EQ(e.stats().kv_usage, 0.0);
 }
 
+// logit_bias through the engine on the real tiny model: +100 on one id makes every greedy pick that id,
+// -100 on the free run's first pick moves the first pick elsewhere.
+TEST_F(CpuPrefixCache, LogitBiasSteersTheRealModel) {
+  auto r = runner();
+  Engine e(*r, {});
+  const auto prompt = seq(3000, 6);
+  const auto free_run = run_each(e, {prompt}, 4, SamplingParams{0.f});
+  ASSERT_EQ(free_run[0].tokens.size(), 4u);
+  auto run = [&](std::vector<LogitBias> bias) {
+    auto ch = std::make_shared<Channel>();
+    GenRequest g;
+    g.prompt = prompt;
+    g.max_tokens = 4;
+    g.sampling.temperature = 0.f;
+    g.logit_bias = std::move(bias);
+    EXPECT_TRUE(e.submit(g, ch));
+    for (int i = 0; i < 100 && e.step(); ++i) {}
+    return fake::drain_output(*ch);
+  };
+  const int32_t forced = 1234 == free_run[0].tokens[0] ? 1235 : 1234;
+  EXPECT_EQ(run({{forced, 100.f}}).tokens, std::vector<int32_t>(4, forced));
+  const Output away = run({{free_run[0].tokens[0], -100.f}});
+  ASSERT_EQ(away.tokens.size(), 4u);
+  EXPECT_NE(away.tokens[0], free_run[0].tokens[0]);
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
+}
+
 }  // namespace
 }  // namespace mx::runtime

@@ -74,6 +74,26 @@ TEST(Validate, AcceptsGoodValues) {
   EXPECT_EQ(p.sampling.top_logprobs, 5);
 }
 
+// logit_bias (row 26): an object of decimal token ids; biases clamped to [-100, 100], sorted by id.
+TEST(Validate, LogitBias) {
+  for (const char* b : {R"({"logit_bias":{"-1":5}})", R"({"logit_bias":{"1.5":5}})", R"({"logit_bias":{"":5}})",
+                        R"({"logit_bias":{"7x":5}})", R"({"logit_bias":{"99999999999":5}})", R"({"logit_bias":{"1":"5"}})",
+                        R"({"logit_bias":{"1":5,"01":3}})", R"({"logit_bias":[1,5]})", R"({"logit_bias":5})"})
+    EXPECT_EQ(bad_param(b), "logit_bias") << b;
+  json many = {{"logit_bias", json::object()}};
+  for (int i = 0; i < 301; ++i) many["logit_bias"][std::to_string(i)] = 1;
+  EXPECT_EQ(bad_param(many.dump()), "logit_bias");
+  EXPECT_EQ(bad_param(R"({"logit_bias":null})"), "<accepted>");
+  const auto p = parse_common(json::parse(R"({"logit_bias":{"200002":-1e9,"5":2.5,"17":100}})"), false, Limits{});
+  ASSERT_EQ(p.logit_bias.size(), 3u);
+  EXPECT_EQ(p.logit_bias[0].id, 5);
+  EXPECT_EQ(p.logit_bias[0].bias, 2.5f);
+  EXPECT_EQ(p.logit_bias[1].id, 17);
+  EXPECT_EQ(p.logit_bias[1].bias, 100.f);
+  EXPECT_EQ(p.logit_bias[2].id, 200002);
+  EXPECT_EQ(p.logit_bias[2].bias, -100.f);
+}
+
 TEST(Metrics, PrometheusText) {
   Metrics m;
   m.ttft(0.02);
