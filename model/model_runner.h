@@ -19,6 +19,14 @@ struct SamplingParams {
   uint64_t seed = 0;         // per-request; with rng_step makes sampling reproducible
   int top_logprobs = 0;      // how many alternatives to return (0..20)
   bool logprobs = false;     // return the chosen token's logprob
+  // vLLM's penalties (OpenAI's two and repetition_penalty), applied after logit_bias and the bans:
+  // repetition_penalty divides the positive and multiplies the negative logits of the tokens in the
+  // prompt or the output; then frequency_penalty x each output token's count and presence_penalty
+  // (once) are subtracted from the output's tokens.
+  float presence_penalty = 0.0f;    // [-2, 2]
+  float frequency_penalty = 0.0f;   // [-2, 2]
+  float repetition_penalty = 1.0f;  // > 0
+  bool penalized() const { return presence_penalty != 0.f || frequency_penalty != 0.f || repetition_penalty != 1.f; }
 };
 
 // OpenAI's logit_bias: `bias` (in [-100, 100]) added to token `id`'s logit before sampling.
@@ -54,6 +62,9 @@ struct SeqStep {
   // Added to the logits before the bans and the sampler (one entry an id), so the log-probs are the
   // biased row's too.
   std::span<const LogitBias> logit_bias{};
+  // Penalized sampling only: the sequence's tokens so far (prompt, then output) and the prompt's length.
+  std::span<const int32_t> history{};
+  int32_t prompt_len = 0;
 };
 
 struct SampleResult {

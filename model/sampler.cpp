@@ -160,6 +160,30 @@ void bias_tokens(float* logits, int vocab, std::span<const LogitBias> bias) {
     if (b.id >= 0 && b.id < vocab) logits[b.id] += b.bias;
 }
 
+void penalize_tokens(float* logits, int vocab, const SamplingParams& p, std::span<const int32_t> history,
+                     int prompt_len, std::vector<int32_t>& scratch) {
+  if (!p.penalized()) return;
+  prompt_len = std::clamp(prompt_len, 0, int(history.size()));
+  if (p.repetition_penalty != 1.f) {  // every id of the prompt or the output, once
+    scratch.assign(history.begin(), history.end());
+    std::sort(scratch.begin(), scratch.end());
+    scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
+    for (int32_t id : scratch)
+      if (id >= 0 && id < vocab) {
+        float& x = logits[id];
+        x = x > 0.f ? x / p.repetition_penalty : x * p.repetition_penalty;
+      }
+  }
+  if (p.presence_penalty == 0.f && p.frequency_penalty == 0.f) return;
+  scratch.assign(history.begin() + prompt_len, history.end());  // the output's ids, counted in runs
+  std::sort(scratch.begin(), scratch.end());
+  for (size_t i = 0, j = 0; i < scratch.size(); i = j) {
+    while (j < scratch.size() && scratch[j] == scratch[i]) ++j;
+    if (scratch[i] >= 0 && scratch[i] < vocab)
+      logits[scratch[i]] -= p.frequency_penalty * float(j - i) + p.presence_penalty;
+  }
+}
+
 void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,
                    std::vector<std::vector<float>>& scratch) {
   const int64_t n = int64_t(jobs.size());

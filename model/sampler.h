@@ -17,6 +17,10 @@ SampleResult sample_token(const float* logits, int vocab, const SamplingParams& 
 void ban_tokens(float* logits, int vocab, std::span<const int32_t> banned);
 // Adds each bias to its id's logit (ids in [0, vocab)): OpenAI's logit_bias.
 void bias_tokens(float* logits, int vocab, std::span<const LogitBias> bias);
+// The penalties of p (SamplingParams) over history[0, prompt_len) (prompt) and the rest (output);
+// scratch is reused across calls.
+void penalize_tokens(float* logits, int vocab, const SamplingParams& p, std::span<const int32_t> history,
+                     int prompt_len, std::vector<int32_t>& scratch);
 
 class ThreadPool;
 

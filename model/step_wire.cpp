@@ -13,11 +13,11 @@ constexpr uint32_t kMagic = 0x7473786d;  // "mxst"
 struct SeqHead {
   int64_t seq_id;
   uint64_t seed, rng_step;
-  int32_t start_pos, ntok, nbt, nsw, nban, nbias, top_k, top_logprobs;
-  float temperature, top_p, min_p;
-  uint8_t sample, expect_next, logprobs, pad[1];
+  int32_t start_pos, ntok, nbt, nsw, nban, nbias, nhist, prompt_len, top_k, top_logprobs;
+  float temperature, top_p, min_p, presence, frequency, repetition;
+  uint8_t sample, expect_next, logprobs, pad[5];
 };
-static_assert(sizeof(SeqHead) == 72, "no implicit padding: every byte sent is written");
+static_assert(sizeof(SeqHead) == 96, "no implicit padding: every byte sent is written");
 
 template <class T>
 void put(std::string& s, const T& v) {
@@ -47,15 +47,16 @@ void encode_step(std::span<const SeqStep> seqs, size_t num_results, std::string&
   for (const SeqStep& q : seqs) {
     const SamplingParams& p = q.sampling;
     const SeqHead h{q.seq_id, p.seed, q.rng_step, q.start_pos, int32_t(q.tokens.size()), int32_t(q.block_table.size()),
-                    int32_t(q.sliding_table.size()), int32_t(q.banned.size()), int32_t(q.logit_bias.size()), p.top_k,
-                    p.top_logprobs, p.temperature,
-                    p.top_p, p.min_p,
-                    uint8_t(q.sample), uint8_t(q.expect_next), uint8_t(p.logprobs), 0};
+                    int32_t(q.sliding_table.size()), int32_t(q.banned.size()), int32_t(q.logit_bias.size()),
+                    int32_t(q.history.size()), q.prompt_len, p.top_k, p.top_logprobs, p.temperature, p.top_p, p.min_p,
+                    p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
+                    uint8_t(q.sample), uint8_t(q.expect_next), uint8_t(p.logprobs), {}};
     put(out, h);
     put_ids(out, q.tokens);
     put_ids(out, q.block_table);
     put_ids(out, q.sliding_table);
     put_ids(out, q.banned);
+    put_ids(out, q.history);
     out.append(reinterpret_cast<const char*>(q.logit_bias.data()), q.logit_bias.size() * sizeof(LogitBias));
   }
 }
@@ -78,9 +79,9 @@ void decode_step(const std::string& in, WireStep& out) {
   for (uint32_t i = 0; i < n; ++i) {
     SeqHead& h = heads[i];
     r.take(&h, sizeof(h));
-    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0 || h.nbias < 0)
+    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0 || h.nbias < 0 || h.nhist < 0)
       fail("tensor parallelism: a step message with negative sizes");
-    const size_t ids = size_t(h.ntok) + size_t(h.nbt) + size_t(h.nsw) + size_t(h.nban);
+    const size_t ids = size_t(h.ntok) + size_t(h.nbt) + size_t(h.nsw) + size_t(h.nban) + size_t(h.nhist);
     if (ids > (in.size() - r.at) / 4) fail("tensor parallelism: a step message cut short ({} bytes)", in.size());
     offs[i] = out.ints.size();
     out.ints.resize(offs[i] + ids);
@@ -101,11 +102,14 @@ void decode_step(const std::string& in, WireStep& out) {
     q.block_table = {p + h.ntok, size_t(h.nbt)};
     q.sliding_table = {p + h.ntok + h.nbt, size_t(h.nsw)};
     q.banned = {p + h.ntok + h.nbt + h.nsw, size_t(h.nban)};
+    q.history = {p + h.ntok + h.nbt + h.nsw + h.nban, size_t(h.nhist)};
+    q.prompt_len = h.prompt_len;
     q.logit_bias = {out.biases.data() + boffs[i], size_t(h.nbias)};
     q.sample = h.sample != 0;
     q.expect_next = h.expect_next != 0;
     q.rng_step = h.rng_step;
-    q.sampling = SamplingParams{h.temperature, h.top_p, h.top_k, h.min_p, h.seed, h.top_logprobs, h.logprobs != 0};
+    q.sampling = SamplingParams{h.temperature, h.top_p, h.top_k, h.min_p, h.seed, h.top_logprobs, h.logprobs != 0,
+                                h.presence, h.frequency, h.repetition};
   }
 }
 

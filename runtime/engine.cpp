@@ -387,6 +387,10 @@ bool Engine::step() {
     st.sampling = s->req.sampling;
     st.banned = s->generated < s->req.min_tokens ? std::span<const int32_t>(s->req.stop_token_ids) : std::span<const int32_t>{};
     st.logit_bias = s->req.logit_bias;
+    if (s->req.sampling.penalized()) {
+      st.history = s->tokens;
+      st.prompt_len = int(s->tokens.size()) - s->generated;
+    }
     st.rng_step = uint64_t(s->generated);
     // This step's token is not the last by length: the runner may start the next step early.
     st.expect_next = st.sample && s->generated + 1 < s->req.max_tokens && int(s->tokens.size()) + 1 < max_model_len_;

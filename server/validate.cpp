@@ -73,8 +73,10 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     p.sampling.top_k = k < 0 ? 0 : int(k);
   }
   if (present(body, "min_p")) p.sampling.min_p = float(num(body, "min_p", 0, 1));
-  for (const char* pen : {"presence_penalty", "frequency_penalty"})
-    if (present(body, pen) && num(body, pen, -2, 2) != 0) bad(pen, fmt::format("'{}' is not supported (only 0)", pen));
+  if (present(body, "presence_penalty")) p.sampling.presence_penalty = float(num(body, "presence_penalty", -2, 2));
+  if (present(body, "frequency_penalty")) p.sampling.frequency_penalty = float(num(body, "frequency_penalty", -2, 2));
+  if (present(body, "repetition_penalty"))  // vLLM: finite and > 0
+    p.sampling.repetition_penalty = float(num(body, "repetition_penalty", 0, 1e9, /*lo_open=*/true));
   if (present(body, "seed")) {
     int64_t s = integer(body, "seed", -1, std::numeric_limits<int64_t>::max());
     p.sampling.seed = s < 0 ? 0 : uint64_t(s);

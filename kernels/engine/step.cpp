@@ -22,13 +22,16 @@ namespace {
 
 // Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
 // it (kernels/sampling/sample_filtered.h), logit biases added and banned tokens (min_tokens) masked before
-// both. Requests for alternatives (top_logprobs), and rows whose adjustments do not fit the step's list,
-// sample on the host from the copied logits; the rest of the greedy rows take the greedy-pick kernel's pick.
+// both. Requests for alternatives (top_logprobs) or with penalties, and rows whose adjustments do not fit
+// the step's list, sample on the host from the copied logits; the rest of the greedy rows take the
+// greedy-pick kernel's pick.
 bool gpu_filters(const SamplingParams& p) { return p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f; }
 
 bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
   return a.temperature == b.temperature && a.top_p == b.top_p && a.top_k == b.top_k && a.min_p == b.min_p &&
-         a.seed == b.seed && a.top_logprobs == b.top_logprobs && a.logprobs == b.logprobs;
+         a.seed == b.seed && a.top_logprobs == b.top_logprobs && a.logprobs == b.logprobs &&
+         a.presence_penalty == b.presence_penalty && a.frequency_penalty == b.frequency_penalty &&
+         a.repetition_penalty == b.repetition_penalty;
 }
 
 const int32_t kPickedOnDevice = -1;  // a decode-ahead step's token: the previous step's pick of its row
@@ -138,7 +141,7 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
-      bool host = q.sampling.top_logprobs > 0;
+      bool host = q.sampling.top_logprobs > 0 || q.sampling.penalized();
       if (!host && (!q.banned.empty() || !q.logit_bias.empty())) {
         host = nadj + int(q.banned.size() + q.logit_bias.size()) > plan_.adj_cap();
         auto add = [&](int32_t id, float v) {
@@ -317,11 +320,12 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
     const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
     SampleResult& r = out[size_t(pl.sample_seq[size_t(s)])];
     if (pl.host_pick[size_t(s)]) {
-      // top_logprobs and adjustments past the step's list sample on the host from the copied logits (0.8 MB
-      // a row); the GPU adjusted none of a host row's logits.
+      // top_logprobs, penalties and adjustments past the step's list sample on the host from the copied
+      // logits (0.8 MB a row); the GPU adjusted none of a host row's logits.
       float* row = host_logits_ + size_t(s) * cfg_.vocab_size;
       bias_tokens(row, cfg_.vocab_size, q.logit_bias);
       ban_tokens(row, cfg_.vocab_size, q.banned);
+      penalize_tokens(row, cfg_.vocab_size, q.sampling, q.history, q.prompt_len, penalty_scratch_);
       jobs_.push_back({row, &q.sampling, q.rng_step, &r});
     } else {
       r.token = rtok[s];

@@ -74,6 +74,23 @@ TEST(Sampler, LogitBiasIsAddedToItsIds) {
   EXPECT_EQ(mx::sample_token(l.data(), 4, params(0.0f), 0, scratch).token, 3);
 }
 
+// vLLM's order: repetition over the prompt and the output's ids (once each), then frequency x count and
+// presence once over the output's.
+TEST(Sampler, PenaltiesFollowVllm) {
+  std::vector<float> l = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  const std::vector<int32_t> history = {0, 4, 1, 1, 3, 9};  // prompt {0, 4}, output {1, 1, 3, 9 (out of range)}
+  mx::SamplingParams p = params(0.0f);
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  p.repetition_penalty = 2.0f;
+  std::vector<int32_t> scratch;
+  mx::penalize_tokens(l.data(), 5, p, history, 2, scratch);
+  EXPECT_EQ(l, (std::vector<float>{1.0f, -3.0f, 0.5f, 0.75f, 0.5f}));
+  std::vector<float> m = {2.0f, -1.0f};
+  mx::penalize_tokens(m.data(), 2, params(0.0f), history, 2, scratch);  // no penalty: untouched
+  EXPECT_EQ(m, (std::vector<float>{2.0f, -1.0f}));
+}
+
 TEST(Sampler, LogprobIgnoresTemperature) {
   std::vector<float> l = log_probs({0.5, 0.3, 0.2});
   std::vector<float> scratch;

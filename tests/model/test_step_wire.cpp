@@ -11,6 +11,7 @@ using namespace mx;
 TEST(StepWire, RoundTripKeepsEveryField) {
   const std::vector<int32_t> t0{5, 6, 7}, b0{3, 1}, s0{-1, 9}, t1{42}, b1{8}, ban1{200002, 200012};
   const std::vector<LogitBias> bias0{{7, -100.f}, {200001, 2.5f}};
+  const std::vector<int32_t> hist1{1, 2, 3, 42};
   std::vector<SeqStep> in(3);
   in[0].seq_id = 11;
   in[0].tokens = t0;
@@ -26,6 +27,11 @@ TEST(StepWire, RoundTripKeepsEveryField) {
   in[1].start_pos = 123;
   in[1].block_table = b1;
   in[1].banned = ban1;
+  in[1].history = hist1;
+  in[1].prompt_len = 3;
+  in[1].sampling.presence_penalty = 0.5f;
+  in[1].sampling.frequency_penalty = -1.25f;
+  in[1].sampling.repetition_penalty = 1.3f;
   in[2].seq_id = 5;  // no tokens, no tables
   std::string bytes;
   encode_step(in, 2, bytes);
@@ -44,6 +50,11 @@ TEST(StepWire, RoundTripKeepsEveryField) {
     EXPECT_EQ(std::vector<int32_t>(a.sliding_table.begin(), a.sliding_table.end()),
               std::vector<int32_t>(b.sliding_table.begin(), b.sliding_table.end()));
     EXPECT_EQ(std::vector<int32_t>(a.banned.begin(), a.banned.end()), std::vector<int32_t>(b.banned.begin(), b.banned.end()));
+    EXPECT_EQ(std::vector<int32_t>(a.history.begin(), a.history.end()), std::vector<int32_t>(b.history.begin(), b.history.end()));
+    EXPECT_EQ(a.prompt_len, b.prompt_len);
+    EXPECT_EQ(a.sampling.presence_penalty, b.sampling.presence_penalty);
+    EXPECT_EQ(a.sampling.frequency_penalty, b.sampling.frequency_penalty);
+    EXPECT_EQ(a.sampling.repetition_penalty, b.sampling.repetition_penalty);
     ASSERT_EQ(a.logit_bias.size(), b.logit_bias.size());
     for (size_t j = 0; j < a.logit_bias.size(); ++j) {
       EXPECT_EQ(a.logit_bias[j].id, b.logit_bias[j].id);

@@ -85,6 +85,19 @@ test('logit_bias: +100 forces a token, -100 moves the greedy pick away', async (
   assert.equal(chat.usage.completion_tokens, 2);
 });
 
+test('penalties: repetition_penalty covers the prompt; presence and frequency are accepted', async () => {
+  const prompt = [3000, 3001, 3002, 3003];
+  const base = { model: MODEL, prompt, max_tokens: 3, temperature: 0, logprobs: 0, logit_bias: { 3000: 50 } };
+  const word = (await raw('/detokenize', { body: JSON.stringify({ tokens: [3000] }) })).json.prompt;
+  const free = await oa.completions.create(base);
+  assert.deepEqual(free.choices[0].logprobs.tokens, [word, word, word]);
+  const rep = await oa.completions.create({ ...base, repetition_penalty: 1e6 });
+  assert.ok(!rep.choices[0].logprobs.tokens.includes(word), JSON.stringify(rep.choices[0].logprobs.tokens));
+  const pen = await oa.chat.completions.create({ model: MODEL, messages: [{ role: 'user', content: 'hi' }], max_tokens: 3,
+    presence_penalty: 1.5, frequency_penalty: -0.5 });
+  assert.equal(pen.usage.completion_tokens, 3);
+});
+
 test('min_tokens: no stop token or stop string ends the text before it', async (t) => {
   const prompt = [3000, 3001, 3002, 3003];
   const { text: first, ids } = await greedy_token(prompt, 4, 0);

@@ -33,6 +33,8 @@ const BAD = [
   ['16 top_k 2.5', 'chat', chat({ top_k: 2.5 }), 'top_k'],
   ['17 min_p 1.5', 'chat', chat({ min_p: 1.5 }), 'min_p'],
   ['18 presence_penalty 3', 'chat', chat({ presence_penalty: 3 }), 'presence_penalty'],
+  ['18 repetition_penalty 0', 'cmpl', cmpl({ repetition_penalty: 0 }), 'repetition_penalty'],
+  ['18 frequency_penalty "1"', 'chat', chat({ frequency_penalty: '1' }), 'frequency_penalty'],
   ['19 n 0', 'chat', chat({ n: 0 }), 'n'],
   ['19 n "2"', 'chat', chat({ n: '2' }), 'n'],
   ['19 n 1e6', 'chat', chat({ n: 1000000 }), 'n'],

@@ -350,5 +350,37 @@ TEST_F(CpuPrefixCache, LogitBiasSteersTheRealModel) {
   EXPECT_EQ(e.stats().kv_usage, 0.0);
 }
 
+// Penalties through the engine on the real tiny model: the runner sees the prompt and the output so far.
+// Biases make a prompt token (+50) and a new one (+40) the greedy picks; a repetition penalty of 1e6 then
+// takes every seen id's logit to about zero: the new token once, then neither again, nor any other repeat.
+TEST_F(CpuPrefixCache, RepetitionPenaltySeesThePromptAndTheOutput) {
+  auto r = runner();
+  Engine e(*r, {});
+  const auto prompt = seq(3000, 6);
+  const int32_t q = 4321;
+  auto run = [&](float repetition) {
+    auto ch = std::make_shared<Channel>();
+    GenRequest g;
+    g.prompt = prompt;
+    g.max_tokens = 8;
+    g.sampling.temperature = 0.f;
+    g.sampling.repetition_penalty = repetition;
+    g.logit_bias = {{prompt[0], 50.f}, {q, 40.f}};
+    EXPECT_TRUE(e.submit(g, ch));
+    for (int i = 0; i < 100 && e.step(); ++i) {}
+    return fake::drain_output(*ch).tokens;
+  };
+  EXPECT_EQ(run(1.f), std::vector<int32_t>(8, prompt[0]));
+  const std::vector<int32_t> out = run(1e6f);
+  ASSERT_EQ(out.size(), 8u);
+  EXPECT_EQ(out[0], q);
+  std::vector<int32_t> seen = prompt;
+  for (int32_t t : out) {
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), t), 0) << t;
+    seen.push_back(t);
+  }
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
+}
+
 }  // namespace
 }  // namespace mx::runtime

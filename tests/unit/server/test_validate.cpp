@@ -33,7 +33,11 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"top_k":-2})"), "top_k");
   EXPECT_EQ(bad_param(R"({"top_k":2.5})"), "top_k");
   EXPECT_EQ(bad_param(R"({"min_p":1.5})"), "min_p");
-  EXPECT_EQ(bad_param(R"({"presence_penalty":3})"), "presence_penalty");
+  EXPECT_EQ(bad_param(R"({"presence_penalty":3})"), "presence_penalty");  // row 18
+  EXPECT_EQ(bad_param(R"({"frequency_penalty":-2.5})"), "frequency_penalty");
+  EXPECT_EQ(bad_param(R"({"repetition_penalty":0})"), "repetition_penalty");
+  EXPECT_EQ(bad_param(R"({"repetition_penalty":-1})"), "repetition_penalty");
+  EXPECT_EQ(bad_param(R"({"repetition_penalty":"1.1"})"), "repetition_penalty");
   EXPECT_EQ(bad_param(R"({"n":0})"), "n");
   EXPECT_EQ(bad_param(R"({"n":"2"})"), "n");
   EXPECT_EQ(bad_param(R"({"n":1000000})"), "n");
@@ -72,6 +76,13 @@ TEST(Validate, AcceptsGoodValues) {
   EXPECT_EQ(p.stop, std::vector<std::string>{"END"});
   EXPECT_TRUE(p.stream && p.include_usage && p.sampling.logprobs);
   EXPECT_EQ(p.sampling.top_logprobs, 5);
+  EXPECT_FALSE(p.sampling.penalized());
+  const auto q = parse_common(json::parse(R"({"presence_penalty":-2,"frequency_penalty":0.5,"repetition_penalty":1.2})"),
+                              false, Limits{});
+  EXPECT_EQ(q.sampling.presence_penalty, -2.f);
+  EXPECT_EQ(q.sampling.frequency_penalty, 0.5f);
+  EXPECT_EQ(q.sampling.repetition_penalty, 1.2f);
+  EXPECT_TRUE(q.sampling.penalized());
 }
 
 // logit_bias (row 26): an object of decimal token ids; biases clamped to [-100, 100], sorted by id.
