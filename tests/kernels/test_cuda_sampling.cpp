@@ -1,0 +1,357 @@
+// The CUDA engine's sampling against the host's: filtered sampling on the GPU, logit adjustments (bans,
+// logit_bias), host-sampled rows (penalties, adjustments past the step's list) and decode ahead with them.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/engine/cuda_runner.h"
+#include "kernels/sampling/sample_filtered.h"
+#include "model/checkpoint.h"
+#include "model/sampler.h"
+#include "tests/kernels/cuda_e2e_util.h"
+
+namespace {
+using mx::test::e2e_fixture;
+using mx::test::small_options;
+}  // namespace
+
+// Top-k / top-p / min-p sampling runs on the GPU (kernels/sampling/sample_filtered.h): the token of every
+// filtered row is the reference draw from the row's own logits and stream; plain-temperature and greedy
+// rows in the same step keep their own picks. Graph replay (decode) and the prefill path both.
+TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
+  const std::string dir = e2e_fixture("tiny");
+  mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int nseq = 4, bs = 4, N = 24, nblk = N / bs;
+  mx::CudaEngineOptions opt;
+  opt.model_dir = dir;
+  opt.max_model_len = N;
+  opt.max_num_seqs = nseq;
+  opt.max_tokens_per_step = 64;
+  opt.num_kv_blocks = 2 * nblk * nseq;
+  opt.block_size = bs;
+  opt.keep_logits = true;
+  opt.prefill_min_tokens = 9;
+  auto gpu = mx::make_cuda_runner(opt);
+  std::vector<std::vector<int32_t>> bt(nseq);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) bt[s].push_back(b * nseq + s);
+  std::vector<std::vector<int32_t>> sw(nseq);  // the sliding layers' blocks
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) sw[s].push_back(nblk * nseq + b * nseq + s);
+  std::vector<int32_t> toks(N, 0);
+  for (int i = 0; i < N; ++i) toks[i] = (i * 37 + 11) % cfg.vocab_size;
+  std::vector<int> done(nseq, 0);
+  int checked = 0;
+  for (int st = 0; st < 6; ++st) {
+    std::vector<mx::SeqStep> seqs(nseq);
+    for (int s = 0; s < nseq; ++s) {
+      const int n = st == 0 ? 10 + s : 1;
+      seqs[s].seq_id = s;
+      seqs[s].tokens = std::span<const int32_t>(toks.data() + done[s], n);
+      seqs[s].start_pos = done[s];
+      seqs[s].block_table = bt[s];
+      seqs[s].sliding_table = sw[s];
+      seqs[s].sample = true;
+      seqs[s].rng_step = uint64_t(st);
+      mx::SamplingParams& p = seqs[s].sampling;
+      p.seed = 100 + s;
+      p.temperature = s == 3 ? 0.f : 0.8f;
+      if (s == 0) p.top_k = 3;
+      if (s == 1) { p.top_p = 0.5f; p.min_p = 0.05f; }
+      done[s] += n;
+    }
+    std::vector<mx::SampleResult> out(nseq);
+    gpu->step(seqs, out);
+    for (int s = 0; s < 2; ++s) {
+      auto g = gpu->last_logits(s);
+      const mx::SamplingParams& p = seqs[s].sampling;
+      const int want = mx::cuda::sample_filtered_ref(g.data(), cfg.vocab_size, 1.0f / p.temperature,
+                                                     mx::sample_stream_key(p.seed, seqs[s].rng_step), p.top_k,
+                                                     p.top_p, p.min_p);
+      EXPECT_EQ(out[s].token, want) << "step " << st << " seq " << s;
+      ++checked;
+    }
+    auto g3 = gpu->last_logits(3);
+    EXPECT_EQ(out[3].token, int(std::max_element(g3.begin(), g3.end()) - g3.begin())) << "greedy row, step " << st;
+  }
+  EXPECT_EQ(checked, 12);
+}
+
+// Banned tokens (min_tokens): a row with SeqStep::banned samples on the host from its copied logits with
+// those ids at -inf. Two copies of one prompt in one step (a one-token decode after it too): the banned
+// row never takes the free row's greedy pick, and its own pick is the masked row's argmax (greedy) or a
+// draw that avoids the ban (temperature 0.8).
+// Logit adjustments are made on the GPU before the pick: banned tokens (min_tokens) on greedy,
+// temperature and top-k rows, and logit_bias (a +100 bias wins, on a greedy and a temperature row, even
+// beside a ban of another id that also has a bias), on the prefill forward (step 0) and in a decode graph
+// (step 1). A row whose adjustments do not fit the step's list (384 a row of max_num_seqs) samples on the
+// host, adjusted there. Either way the banned id is never picked and the copied logits hold -inf there.
+TEST(CudaRunner, BannedTokensAreNeverSampled) {
+  const std::string dir = e2e_fixture("mini");
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int nseq = 7, P = 6, bs = 4, N = 12, nblk = N / bs;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
+  opt.keep_logits = true;
+  auto gpu = mx::make_cuda_runner(opt);
+  std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) {
+      bt[s].push_back(b * nseq + s);
+      sw[s].push_back(nblk * nseq + b * nseq + s);
+    }
+  std::vector<int32_t> prompt(P);
+  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
+  std::vector<int32_t> ban, many, fed(nseq);
+  std::vector<mx::LogitBias> bias, bias4;
+  int32_t forced = 0, forced4 = 0;
+  for (int st = 0; st < 2; ++st) {
+    std::vector<mx::SeqStep> seqs(nseq);
+    for (int s = 0; s < nseq; ++s) {
+      mx::SeqStep& q = seqs[s];
+      q.seq_id = s;
+      q.tokens = st == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed[s], 1);
+      q.start_pos = st == 0 ? 0 : P;
+      q.block_table = bt[s];
+      q.sliding_table = sw[s];
+      q.sample = true;
+      q.sampling.temperature = s == 2 || s == 3 || s == 6 ? 0.8f : 0.f;
+      if (s == 3) q.sampling.top_k = 20;
+      q.sampling.seed = 3;
+      q.rng_step = uint64_t(st);
+    }
+    std::vector<mx::SampleResult> out(nseq);
+    if (st == 0) {  // the free row's pick first, to ban it
+      gpu->step(std::span<const mx::SeqStep>(seqs).first(1), std::span<mx::SampleResult>(out).first(1));
+      ban = {out[0].token, cfg.vocab_size + 5};  // an id past the vocabulary is ignored
+      many = ban;
+      for (int id = 1; int(many.size()) < 384 * nseq + 10; ++id)
+        if (id != ban[0]) many.push_back(id);
+      forced = (ban[0] + 1000) % cfg.vocab_size;
+      forced4 = (ban[0] + 2000) % cfg.vocab_size;
+      bias = {{ban[0], 50.f}, {forced, 100.f}};
+      bias4 = {{forced4, 100.f}};
+      gpu = mx::make_cuda_runner(opt);  // a fresh cache for the step with every row
+    }
+    for (int s = 1; s < 6; ++s) seqs[s].banned = ban;
+    seqs[4].banned = many;
+    seqs[4].logit_bias = bias4;
+    seqs[5].logit_bias = bias;
+    seqs[6].logit_bias = bias;
+    gpu->step(seqs, out);
+    for (int s = 1; s < nseq; ++s) {
+      SCOPED_TRACE("row " + std::to_string(s) + ", step " + std::to_string(st));
+      auto lg = gpu->last_logits(s);
+      ASSERT_EQ(int(lg.size()), cfg.vocab_size);
+      ASSERT_TRUE(out[s].token >= 0 && out[s].token < cfg.vocab_size);
+      EXPECT_TRUE(std::isfinite(lg[size_t(out[s].token)]));
+      EXPECT_TRUE(std::isfinite(out[s].logprob) && out[s].logprob <= 0.f);
+      if (s != 6) {
+        EXPECT_NE(out[s].token, ban[0]);
+        EXPECT_TRUE(std::isinf(lg[size_t(ban[0])]) && lg[size_t(ban[0])] < 0);
+      }
+      const int greedy = int(std::max_element(lg.begin(), lg.end()) - lg.begin());
+      EXPECT_TRUE((s != 1 && s != 4 && s != 5) || out[s].token == greedy);
+      EXPECT_EQ(out[s].token, s == 4 ? forced4 : s >= 5 ? forced : out[s].token);
+    }
+    if (st == 0) {
+      EXPECT_EQ(out[0].token, ban[0]);  // the same prompt unbanned: the same pick as before
+    }
+    for (int s = 0; s < nseq; ++s) fed[s] = out[s].token;
+  }
+}
+
+// Decode ahead (CudaEngineOptions::decode_ahead) enqueues the next one-token step, fed by the GPU's own
+// picks, before the current step's results are read. Its results must be those of the step the caller
+// then asks for, bit for bit, and a step that asks for something else must run as if nothing had been
+// enqueued: here a fed token that is not the pick, a sequence that leaves, and tables that end at the
+// current block (nothing enqueued). Greedy and plain-temperature rows; blocks of 4, so steps cross blocks;
+// a greedy row's random stream (rng_step) does not have to advance for its step to be used (4).
+namespace {
+struct AheadRun {
+  std::vector<int32_t> tok;
+  std::vector<float> lp;
+  uint64_t used = 0, launched = 0;
+};
+
+AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban = {}) {
+  const std::string dir = e2e_fixture("mini");
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int nseq = 3, P = 5, steps = 14, bs = 4, N = P + steps + 1, nblk = (N + bs - 1) / bs;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, 64, 2 * nblk * nseq + 2);
+  opt.decode_ahead = ahead;
+  auto gpu = mx::make_cuda_runner(opt);
+  std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) {
+      bt[s].push_back((nblk - 1 - b) * nseq + s + 1);
+      sw[s].push_back(nblk * nseq + 2 + b * nseq + s);
+    }
+  std::vector<int32_t> prompt(P);
+  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
+  const std::vector<mx::LogitBias> bias5 = {{cfg.vocab_size - 7, 100.f}};
+  AheadRun r;
+  std::vector<int32_t> last(nseq);
+  int live = nseq;
+  for (int st = 0; st <= steps; ++st) {
+    if (scenario == 2 && st == 9) live = nseq - 1;  // the last sequence leaves
+    std::vector<mx::SeqStep> seqs(live);
+    std::vector<int32_t> fed(live);
+    for (int s = 0; s < live; ++s) {
+      mx::SeqStep& q = seqs[s];
+      const int pos = st == 0 ? 0 : P + st - 1;
+      fed[s] = last[s];
+      if (scenario == 1 && st == 6 && s == 0) fed[s] = (last[s] + 1) % cfg.vocab_size;  // not the pick
+      q.seq_id = s;
+      q.tokens = st == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed[s], 1);
+      q.start_pos = pos;
+      const int covered = scenario == 3 && st >= 4 ? (pos + int(q.tokens.size()) + bs - 1) / bs : nblk;
+      q.block_table = std::span<const int32_t>(bt[s]).first(covered);
+      q.sliding_table = std::span<const int32_t>(sw[s]).first(covered);
+      q.sample = true;
+      q.sampling.temperature = s == 1 ? 0.7f : 0.f;
+      q.sampling.seed = 5 + s;
+      q.rng_step = scenario == 4 && s != 1 ? 0 : uint64_t(st);  // 4: greedy rows' streams unchanged
+      q.expect_next = st < steps;
+      if (scenario == 5 && s < 2 && st < 8) q.banned = ban;  // 5: rows 0 and 1 banned until their min_tokens,
+      if (scenario == 5 && s == 2) q.logit_bias = bias5;      // row 2 biased throughout
+    }
+    std::vector<mx::SampleResult> out(live);
+    gpu->step(seqs, out);
+    for (int s = 0; s < live; ++s) {
+      last[s] = out[s].token;
+      r.tok.push_back(out[s].token);
+      r.lp.push_back(out[s].logprob);
+    }
+  }
+  r.used = gpu->decode_ahead_stats().used;
+  r.launched = gpu->decode_ahead_stats().launched;
+  return r;
+}
+}  // namespace
+
+TEST(CudaRunner, DecodeAheadGivesTheSameTokens) {
+  for (int scenario = 0; scenario < 5; ++scenario) {
+    SCOPED_TRACE("scenario " + std::to_string(scenario));
+    const AheadRun want = decode_ahead_run(false, scenario), got = decode_ahead_run(true, scenario);
+    EXPECT_EQ(want.used, 0u);
+    EXPECT_EQ(got.tok, want.tok);
+    ASSERT_EQ(got.lp.size(), want.lp.size());
+    EXPECT_EQ(std::memcmp(got.lp.data(), want.lp.data(), got.lp.size() * 4), 0);
+    std::printf("scenario %d: %llu steps enqueued ahead, %llu used\n", scenario, (unsigned long long)got.launched,
+                (unsigned long long)got.used);
+    // 14 decode steps: the first is asked for after the prompt step (not a graph step), the last expects
+    // no successor. Scenario 1 and 2 waste one each; scenario 3 enqueues only while within a block.
+    if (scenario == 0 || scenario == 4) {
+      EXPECT_EQ(got.used, 13u);
+      EXPECT_EQ(got.launched, 13u);
+    } else if (scenario == 3) {
+      EXPECT_LT(got.launched, 13u);
+    } else {
+      EXPECT_EQ(got.launched, got.used + 1);
+    }
+    EXPECT_GT(got.used, 0u);
+  }
+}
+
+// Bans and biases in decode ahead (scenario 5): the step enqueued ahead carries the step before's, so it is
+// used while they stay and dropped where the bans lift; the tokens are those of steps run one at a time.
+TEST(CudaRunner, DecodeAheadWithBannedTokens) {
+  const AheadRun free = decode_ahead_run(false, 0);
+  const int nseq = 3;
+  const std::vector<int32_t> ban = {free.tok[size_t(nseq)], free.tok[size_t(nseq) + 1], free.tok[size_t(2 * nseq)]};
+  const AheadRun want = decode_ahead_run(false, 5, ban), got = decode_ahead_run(true, 5, ban);
+  EXPECT_EQ(got.tok, want.tok);
+  ASSERT_EQ(got.lp.size(), want.lp.size());
+  EXPECT_EQ(std::memcmp(got.lp.data(), want.lp.data(), got.lp.size() * 4), 0);
+  for (int st = 0; st < 8; ++st)
+    for (int s = 0; s < 2; ++s)
+      for (int32_t b : ban) EXPECT_NE(want.tok[size_t(st * nseq + s)], b) << "step " << st << " row " << s;
+  EXPECT_NE(want.tok, free.tok);  // the bans changed something
+  for (size_t i = 2; i < want.tok.size(); i += nseq) EXPECT_EQ(want.tok[i], want.tok[2]);  // row 2: the +100 bias
+  EXPECT_EQ(got.launched, got.used + 1);  // the step enqueued with the bans that lifted
+  EXPECT_GT(got.used, 10u);
+}
+
+// Penalized rows (presence / frequency / repetition) sample on the host: their copied logits are the raw
+// logits with the penalties applied over the given history (the prompt, then the output fed so far), exactly
+// as penalize_tokens does, and the pick is the host sampler's; a row without penalties in the same step keeps
+// the GPU's pick. The prefill forward (step 0) and a decode graph (step 1), fed the same tokens in both runs.
+TEST(CudaRunner, PenalizedRowsSampleOnTheHost) {
+  const std::string dir = e2e_fixture("mini");
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int nseq = 3, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
+  opt.keep_logits = true;
+  std::vector<int32_t> prompt(P), fed(nseq), hist;
+  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % V;
+  struct Run { std::vector<mx::SampleResult> out; std::vector<std::vector<float>> logits; };
+  auto run = [&](bool penalize) {
+    std::vector<Run> runs(2);
+    auto gpu = mx::make_cuda_runner(opt);
+    for (int st = 0; st < 2; ++st) {
+      hist = prompt;
+      if (st == 1) hist.push_back(fed[0]);
+      std::vector<mx::SeqStep> seqs(nseq);
+      std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
+      for (int s = 0; s < nseq; ++s) {
+        for (int b = 0; b < nblk; ++b) {
+          bt[s].push_back(b * nseq + s);
+          sw[s].push_back(nblk * nseq + b * nseq + s);
+        }
+        mx::SeqStep& q = seqs[s];
+        q.seq_id = s;
+        q.tokens = st == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed[0], 1);
+        q.start_pos = st == 0 ? 0 : P;
+        q.block_table = bt[s];
+        q.sliding_table = sw[s];
+        q.sample = true;
+        q.sampling.temperature = s == 2 ? 0.8f : 0.f;
+        q.sampling.seed = 3;
+        q.rng_step = uint64_t(st);
+        if (penalize && s > 0) {
+          q.sampling.presence_penalty = 0.5f;
+          q.sampling.frequency_penalty = 0.25f;
+          q.sampling.repetition_penalty = 2.f;
+          q.history = hist;
+          q.prompt_len = P;
+        }
+      }
+      runs[st].out.resize(nseq);
+      gpu->step(seqs, runs[st].out);
+      for (int s = 0; s < nseq; ++s) {
+        auto lg = gpu->last_logits(s);
+        runs[st].logits.emplace_back(lg.begin(), lg.end());
+      }
+      if (st == 0) fed[0] = runs[0].out[0].token;  // the same token in both runs
+    }
+    return runs;
+  };
+  const std::vector<Run> free = run(false), pen = run(true);
+  std::vector<int32_t> scratch;
+  std::vector<float> fscratch;
+  for (int st = 0; st < 2; ++st) {
+    hist = prompt;
+    if (st == 1) hist.push_back(fed[0]);
+    EXPECT_EQ(pen[st].out[0].token, free[st].out[0].token) << "step " << st;
+    for (int s = 1; s < nseq; ++s) {
+      SCOPED_TRACE("row " + std::to_string(s) + ", step " + std::to_string(st));
+      mx::SamplingParams p;
+      p.temperature = s == 2 ? 0.8f : 0.f;
+      p.seed = 3;
+      p.presence_penalty = 0.5f;
+      p.frequency_penalty = 0.25f;
+      p.repetition_penalty = 2.f;
+      std::vector<float> want = free[st].logits[size_t(s)];
+      ASSERT_EQ(int(want.size()), V);
+      mx::penalize_tokens(want.data(), V, p, hist, P, scratch);
+      ASSERT_EQ(pen[st].logits[size_t(s)].size(), want.size());
+      EXPECT_EQ(std::memcmp(pen[st].logits[size_t(s)].data(), want.data(), want.size() * 4), 0);
+      EXPECT_EQ(pen[st].out[s].token, mx::sample_token(want.data(), V, p, uint64_t(st), fscratch).token);
+    }
+  }
+}
