@@ -25,7 +25,7 @@ struct ServeOptions {
   std::string model_dir;
   server::ServerOptions srv;
   int max_model_len = 0;
-  int max_num_seqs = 0;  // 0 = by GPU (default_max_num_seqs); docs/perf.md sessions 22 and 28 have the load runs
+  int max_num_seqs = 0;  // 0 = by GPU (default_max_num_seqs); docs/perf.md sessions 22, 28 and 42 have the load runs
   int max_num_batched_tokens = 8192;
   int max_waiting = 256;
   int max_prefill_tokens_with_decodes = 2048;  // runtime::EngineOptions
@@ -194,7 +194,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", o->srv.api_key, "require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--served-model-name", o->srv.model_name);
   cmd->add_option("--max-model-len", o->max_model_len, "0 = the model's")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "0 = by GPU: 512 on the CUDA engine with >= 70 GiB, else 256")
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "0 = by GPU: on the CUDA engine 1024 with >= 120 GiB, 512 with >= 70 GiB, else 256")
       ->capture_default_str()
       ->check(CLI::Range(0, 4096));
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens)->capture_default_str()->check(CLI::Range(1, 1 << 20));

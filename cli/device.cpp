@@ -46,9 +46,9 @@ int default_max_num_seqs(Device d) {
   if (d == Device::kCuda) {
     int dev = 0;
     cudaDeviceProp prop{};
-    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
-        prop.totalGlobalMem >= (size_t(70) << 30))
-      return 512;
+    // The 1k/1k load's throughput grows past 1,024 streams on an H200, peaks at 320-512 on an H100.
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess)
+      return prop.totalGlobalMem >= (size_t(120) << 30) ? 1024 : prop.totalGlobalMem >= (size_t(70) << 30) ? 512 : 256;
     (void)cudaGetLastError();
   }
 #else

@@ -19,8 +19,8 @@ enum class Device { kCpu, kCuda };
 // cuda that cannot run fails with one line saying why (no CUDA in this build, or no GPU).
 Device resolve_device(const std::string& flag);
 const char* device_name(Device d);
-// serve's --max-num-seqs when not given: 512 on the CUDA engine when the GPU holds >= 70 GiB (H100,
-// H200: the 1k/1k load runs peak at 320-512 streams, docs/perf.md session 28), else 256.
+// serve's --max-num-seqs when not given, on the CUDA engine by the GPU's memory: 1024 from 120 GiB (H200),
+// 512 from 70 GiB (H100), else 256 (docs/server.md has the load runs behind it); 256 on the CPU.
 int default_max_num_seqs(Device d);
 
 // What the CLI commands choose for the CUDA engine; kept free of CUDA headers.
