@@ -52,9 +52,7 @@ void CpuRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out)
     }
     if (s.sample) {
       for (int v = vocab_limit_; v < cfg_.vocab_size; ++v) logits_[i][v] = -std::numeric_limits<float>::infinity();
-      bias_tokens(logits_[i].data(), cfg_.vocab_size, s.logit_bias);
-      ban_tokens(logits_[i].data(), cfg_.vocab_size, s.banned);
-      penalize_tokens(logits_[i].data(), cfg_.vocab_size, s.sampling, s.history, s.prompt_len, penalty_scratch_);
+      adjust_row_logits(logits_[i].data(), cfg_.vocab_size, s, penalty_scratch_);
       jobs_.push_back({logits_[i].data(), &s.sampling, s.rng_step, &out[i]});
     }
   }

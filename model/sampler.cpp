@@ -184,6 +184,12 @@ void penalize_tokens(float* logits, int vocab, const SamplingParams& p, std::spa
   }
 }
 
+void adjust_row_logits(float* logits, int vocab, const SeqStep& q, std::vector<int32_t>& scratch) {
+  bias_tokens(logits, vocab, q.logit_bias);
+  ban_tokens(logits, vocab, q.banned);
+  penalize_tokens(logits, vocab, q.sampling, q.history, q.prompt_len, scratch);
+}
+
 void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,
                    std::vector<std::vector<float>>& scratch) {
   const int64_t n = int64_t(jobs.size());

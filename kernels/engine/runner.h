@@ -188,7 +188,7 @@ class CudaRunner final : public CudaRunnerBase {
   // Host sampling (top_logprobs rows): in parallel on a few threads.
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
   std::vector<std::vector<float>> scratch_;
-  std::vector<int32_t> penalty_scratch_;  // penalize_tokens' sort buffer
+  std::vector<int32_t> penalty_scratch_;  // adjust_row_logits' sort buffer
   std::vector<SampleJob> jobs_;
 };
 

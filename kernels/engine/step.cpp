@@ -323,9 +323,7 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
       // top_logprobs, penalties and adjustments past the step's list sample on the host from the copied
       // logits (0.8 MB a row); the GPU adjusted none of a host row's logits.
       float* row = host_logits_ + size_t(s) * cfg_.vocab_size;
-      bias_tokens(row, cfg_.vocab_size, q.logit_bias);
-      ban_tokens(row, cfg_.vocab_size, q.banned);
-      penalize_tokens(row, cfg_.vocab_size, q.sampling, q.history, q.prompt_len, penalty_scratch_);
+      adjust_row_logits(row, cfg_.vocab_size, q, penalty_scratch_);
       jobs_.push_back({row, &q.sampling, q.rng_step, &r});
     } else {
       r.token = rtok[s];
