@@ -55,6 +55,9 @@ def one_request(url, args, prompt, max_tokens, api_key):
                  "stream_options": {"include_usage": True}, "ignore_eos": True})
     if args.top_p is not None:
         body["top_p"] = args.top_p
+    for k in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        if getattr(args, k) is not None:
+            body[k] = getattr(args, k)
     if args.min_tokens_eq_max:  # the stop tokens banned until max_tokens instead of ignored
         body["min_tokens"] = max_tokens
         del body["ignore_eos"]
@@ -207,6 +210,8 @@ def main():
                     help="each request's max_tokens uniform in [this, --max-tokens] (default: all --max-tokens)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=None, help="send top_p (default: not sent)")
+    for k in ("presence", "frequency", "repetition"):
+        ap.add_argument(f"--{k}-penalty", type=float, default=None, help=f"send {k}_penalty (default: not sent)")
     ap.add_argument("--min-tokens-eq-max", action="store_true",
                     help="send min_tokens = max_tokens and no ignore_eos: fixed output lengths by banning the stop tokens")
     ap.add_argument("--requests-per-slot", type=int, default=2)

@@ -215,8 +215,17 @@ __global__ void adjust_logits_k(float* lg, int stride, int id0, int n_ids, const
   pdl_launch_dependents();
   const int n = adj[0];
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int s = adj[1 + 3 * i] - s0, id = adj[2 + 3 * i] - id0;
-    if (s >= 0 && s < S && id >= 0 && id < n_ids) atomicAdd(lg + size_t(s) * stride + id, __int_as_float(adj[3 + 3 * i]));
+    const int32_t* e = adj + 1 + kAdjustWords * i;
+    const int s = e[0] - s0, id = e[1] - id0;
+    if (s < 0 || s >= S || id < 0 || id >= n_ids) continue;
+    const float add = __int_as_float(e[2]), rep = __int_as_float(e[3]), sub = __int_as_float(e[4]);
+    float* x = lg + size_t(s) * stride + id;
+    float l = *x;  // one entry an (s, id): no other thread writes it
+    // Rounded ops, never contracted into an FMA: the host's adjust_row_logits bit for bit.
+    if (add != 0.f) l = __fadd_rn(l, add);
+    if (rep != 1.f) l = l > 0.f ? __fdiv_rn(l, rep) : __fmul_rn(l, rep);
+    if (sub != 0.f) l = __fsub_rn(l, sub);
+    *x = l;
   }
 }
 
@@ -283,7 +292,8 @@ void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* 
 void launch_adjust_logits(float* logits, int stride, int id0, int n_ids, const int32_t* adj, int s0, int S,
                           cudaStream_t s) {
   // The count is read on the device (a graph replays any list): 8 CTAs cover a wide step's lists.
-  if (S > 0) launch_pdl(adjust_logits_k, dim3(8), dim3(256), 0, s, logits, stride, id0, n_ids, adj, s0, S);
+  // A CTA a sampled row (at least 8, at most 256): a penalized row has an entry an id of its history.
+  if (S > 0) launch_pdl(adjust_logits_k, dim3(std::clamp(S, 8, 256)), dim3(256), 0, s, logits, stride, id0, n_ids, adj, s0, S);
 }
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s) {
   fill_bf16_k<<<1024, 256, 0, s>>>(p, n, scale, offset, seed);

@@ -63,11 +63,11 @@ void launch_argmax_parts(const float* lg, int S, int stride, int V_limit, int id
                          cudaStream_t s, const float* inv_temp = nullptr, const uint64_t* key = nullptr);
 void launch_argmax_merge(const float* parts, int ranks, int S, int nchunks, int32_t* out_tok, float* out_lp,
                          cudaStream_t s, int32_t* tok_dev = nullptr);
-// Logit adjustments before the pick (a logit_bias, or -inf for a banned token): logits[(s - s0) * stride +
-// (id - id0)] += value for each (s, id, value bits) triple of adj (adj[0] triples, then s, id, value, ...
-// on the device, so a captured graph reads each step's list) with s in [s0, s0 + S) and id in
-// [id0, id0 + n_ids) (a rank's vocabulary slice). Atomic adds: a bias and a ban of one id may meet, and
-// -inf absorbs the bias in either order.
+// Logit adjustments before the pick (model/logit_adjust.h: a logit_bias, -inf for a banned token, the
+// penalties): adj[0] entries, then kAdjustWords words each (s, id, add, rep, sub as float bits; on the
+// device, so a captured graph reads each step's list), applied to logits[(s - s0) * stride + (id - id0)]
+// for s in [s0, s0 + S) and id in [id0, id0 + n_ids) (a rank's vocabulary slice). One entry an (s, id).
+constexpr int kAdjustWords = 5;
 void launch_adjust_logits(float* logits, int stride, int id0, int n_ids, const int32_t* adj, int s0, int S,
                           cudaStream_t s);
 // Random bf16 in [-scale, scale) / random bytes, generated on the device (dummy weights).

@@ -60,7 +60,7 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   const int window_blocks =
       p.sliding_window > 0 ? std::min(len_blocks, (p.sliding_window - 1 + p.T + bs - 1) / bs + 1) : 0;
   p.bt_cap = p.S * len_blocks * (p.sliding_window > 0 ? 2 : 1) + p.T;
-  p.meta_bytes = size_t(p.meta_adj_off() + 1 + 3 * p.adj_cap()) * 4;
+  p.meta_bytes = size_t(p.meta_adj_off() + 1 + cuda::kAdjustWords * size_t(p.adj_cap())) * 4;
   p.kv_spec.dtype = opt.kv_fp8 ? cuda::KvDtype::kFp8E4m3 : cuda::KvDtype::kBf16;
   if (opt.kv_fp8) {
     int dev = 0, major = 0, minor = 0;

@@ -46,9 +46,9 @@ struct StepMeta {
   float* inv_temp;       // [S] 1 / temperature for GPU sampling, 0 = greedy (or sampled on the host)
   float *top_p, *min_p;  // [S] filters of GPU sampling (1 / 0 = off)
   int32_t* top_k;        // [S] 0 = off
-  // Logit adjustments before the pick: adj[0] entries, then (sampled row, token id, value as float bits)
-  // triples, -inf for a banned token (min_tokens) or a logit_bias; at most MemoryPlan::adj_cap(); after
-  // the block tables, copied only by steps that have any.
+  // Logit adjustments before the pick: adj[0] entries, then LogitAdjustEntry's five words each (a
+  // logit_bias, -inf for a banned token, penalties; model/logit_adjust.h); at most MemoryPlan::adj_cap();
+  // after the block tables, copied only by steps that have any.
   int32_t* adj;
 };
 
@@ -81,10 +81,11 @@ struct MemoryPlan {
   // 64-bit sample keys, the inverse temperatures, top_p, min_p and top_k of the sampled rows.
   int meta_key_off() const { return (9 * T + 1) & ~1; }
   int meta_tail() const { return meta_key_off() + 6 * S; }
-  // Adjustments a step: a row's stop ids below its min_tokens (the model's two or three and up to 64 of
-  // the request's) and its logit_bias (up to 300 through the server): 384 a row of max_num_seqs, 4.7 MB a
-  // buffer at 1,024 rows. Rows past the cap (only a caller beyond those limits) sample on the host.
-  static constexpr int kAdjPerRow = 384;
+  // Adjustments a step: an entry an id a sampled row biases, bans (its stop ids below min_tokens) or
+  // penalizes (each distinct id of its history, ~1,500 at 1k/1k with a repetition penalty): 2,048 a row
+  // of max_num_seqs, 40 MB a buffer at 1,024 rows. A row past what is left (long penalized histories in a
+  // full step) samples on the host.
+  static constexpr int kAdjPerRow = 2048;
   int adj_cap() const { return kAdjPerRow * S; }
   int meta_adj_off() const { return meta_tail() + bt_cap; }
 };

@@ -23,6 +23,7 @@
 #include "kernels/engine/memory_plan.h"
 #include "kernels/engine/probe.h"
 #include "kernels/engine/step_wait.h"
+#include "model/logit_adjust.h"
 #include "model/sampler.h"
 
 namespace mx {
@@ -189,6 +190,7 @@ class CudaRunner final : public CudaRunnerBase {
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
   std::vector<std::vector<float>> scratch_;
   std::vector<int32_t> penalty_scratch_;  // adjust_row_logits' sort buffer
+  LogitAdjustList adjust_{cfg_.vocab_size, sample_pool_};  // a step's logit adjustments (StepMeta::adj)
   std::vector<SampleJob> jobs_;
 };
 

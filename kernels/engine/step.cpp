@@ -13,6 +13,7 @@
 #include "kernels/attention_decode/attention_decode.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/decode/decode_gemv.h"
+#include "kernels/decode/decode_kernels.h"
 #include "kernels/engine/runner.h"
 #include "kernels/sampling/sample_filtered.h"
 #include "model/sampler.h"
@@ -21,10 +22,12 @@ namespace mx {
 namespace {
 
 // Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
-// it (kernels/sampling/sample_filtered.h), logit biases added and banned tokens (min_tokens) masked before
-// both. Requests for alternatives (top_logprobs) or with penalties, and rows whose adjustments do not fit
-// the step's list, sample on the host from the copied logits; the rest of the greedy rows take the
+// it (kernels/sampling/sample_filtered.h), logit biases, bans (min_tokens) and penalties applied before
+// both (model/logit_adjust.h). Requests for alternatives (top_logprobs) and rows whose adjustments do not
+// fit the step's list sample on the host from the copied logits; the rest of the greedy rows take the
 // greedy-pick kernel's pick.
+static_assert(sizeof(LogitAdjustEntry) == 4 * cuda::kAdjustWords, "StepMeta::adj holds LogitAdjustEntry words");
+
 bool gpu_filters(const SamplingParams& p) { return p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f; }
 
 bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
@@ -90,7 +93,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   pl.host_pick.clear();
   pl.layout.clear();
   const StepMeta& h = hmeta_[parity];
-  int M = 0, S = 0, nbt = 0, n_decode = 0, nadj = 0;
+  int M = 0, S = 0, nbt = 0, n_decode = 0;
+  adjust_.begin(reinterpret_cast<LogitAdjustEntry*>(h.adj + 1), plan_.adj_cap());
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
     const int n = int(q.tokens.size());
@@ -141,20 +145,9 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
-      bool host = q.sampling.top_logprobs > 0 || q.sampling.penalized();
-      if (!host && (!q.banned.empty() || !q.logit_bias.empty())) {
-        host = nadj + int(q.banned.size() + q.logit_bias.size()) > plan_.adj_cap();
-        auto add = [&](int32_t id, float v) {
-          int32_t* e = h.adj + 1 + 3 * nadj++;
-          e[0] = S;
-          e[1] = id;
-          std::memcpy(e + 2, &v, 4);
-        };
-        if (!host) {
-          for (const LogitBias& b : q.logit_bias) add(b.id, b.bias);
-          for (int32_t id : q.banned) add(id, -std::numeric_limits<float>::infinity());
-        }
-      }
+      bool host = q.sampling.top_logprobs > 0;
+      if (!host && LogitAdjustBuilder::needed(q))
+        host = !adjust_.add(S, q);
       pl.host_pick.push_back(host);
       pl.need_logits |= host;
       const bool gpu_samples = !host && q.sampling.temperature > 0.f;
@@ -171,6 +164,7 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
       pl.sample_seq.push_back(int(i));
     }
   }
+  const int nadj = adjust_.finish();
   pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode; pl.nadj = nadj;
   h.adj[0] = nadj;
   int max_pos = 0;
@@ -248,7 +242,8 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     MX_CUDA(cudaMemcpyAsync(d.tok, h.tok, size_t(plan_.meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice,
                             copy_stream_));
     if (pl.nadj > 0)
-      MX_CUDA(cudaMemcpyAsync(d.adj, h.adj, size_t(1 + 3 * pl.nadj) * 4, cudaMemcpyHostToDevice, copy_stream_));
+      MX_CUDA(cudaMemcpyAsync(d.adj, h.adj, (1 + cuda::kAdjustWords * size_t(pl.nadj)) * 4, cudaMemcpyHostToDevice,
+                              copy_stream_));
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
     probe_.begin_step(stream_);
@@ -371,7 +366,9 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
   const int bs = opt_.block_size;
   for (const SeqStep& q : seqs) {
     const int next = q.start_pos + 1, b = next / bs;
-    if (!q.expect_next || !q.sample || q.tokens.size() != 1 || next >= opt_.max_model_len) return;
+    // (A penalized row's next adjustments count the token this step picks.)
+    if (!q.expect_next || !q.sample || q.tokens.size() != 1 || next >= opt_.max_model_len || q.sampling.penalized())
+      return;
     if (int(q.block_table.size()) <= b || q.block_table[b] < 0 || q.block_table[b] >= kv_.num_blocks) return;
     if (kv_.sliding_window > 0 &&
         (int(q.sliding_table.size()) <= b || q.sliding_table[b] < 0 || q.sliding_table[b] >= kv_.num_blocks))

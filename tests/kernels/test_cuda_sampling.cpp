@@ -1,5 +1,6 @@
 // The CUDA engine's sampling against the host's: filtered sampling on the GPU, logit adjustments (bans,
-// logit_bias), host-sampled rows (penalties, adjustments past the step's list) and decode ahead with them.
+// logit_bias, penalties), host-sampled rows (top_logprobs, adjustments past the step's list) and decode
+// ahead with them.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,15 +10,37 @@
 #include <string>
 #include <vector>
 
+#include "kernels/decode/decode_kernels.h"
 #include "kernels/engine/cuda_runner.h"
+#include "kernels/engine/memory_plan.h"
 #include "kernels/sampling/sample_filtered.h"
 #include "model/checkpoint.h"
 #include "model/sampler.h"
 #include "tests/kernels/cuda_e2e_util.h"
+#include "tests/kernels/gpu_test_util.h"
 
 namespace {
 using mx::test::e2e_fixture;
 using mx::test::small_options;
+using mx::test::to_dev;
+using mx::test::from_dev;
+
+// The GPU's temperature draw (Gumbel-max in the pick kernel) over one row of logits.
+int32_t gpu_draw(const std::vector<float>& row, float temperature, uint64_t key) {
+  const int V = int(row.size());
+  const std::vector<float> it = {1.f / temperature};
+  const std::vector<uint64_t> keys = {key};
+  float* dlg = to_dev(row);
+  float* dit = to_dev(it);
+  uint64_t* dkey = to_dev(keys);
+  int32_t* dt; float* dl; float* dpart;
+  cudaMalloc(&dt, 4); cudaMalloc(&dl, 4);
+  cudaMalloc(&dpart, mx::cuda::argmax_scratch_floats(1, V) * 4);
+  mx::cuda::launch_argmax_logprob(dlg, 1, V, V, dt, dl, dpart, 0, dit, dkey);
+  const int32_t tok = from_dev(dt, 1)[0];
+  cudaFree(dlg); cudaFree(dit); cudaFree(dkey); cudaFree(dt); cudaFree(dl); cudaFree(dpart);
+  return tok;
+}
 }  // namespace
 
 // Top-k / top-p / min-p sampling runs on the GPU (kernels/sampling/sample_filtered.h): the token of every
@@ -89,8 +112,8 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
 // Logit adjustments are made on the GPU before the pick: banned tokens (min_tokens) on greedy,
 // temperature and top-k rows, and logit_bias (a +100 bias wins, on a greedy and a temperature row, even
 // beside a ban of another id that also has a bias), on the prefill forward (step 0) and in a decode graph
-// (step 1). A row whose adjustments do not fit the step's list (384 a row of max_num_seqs) samples on the
-// host, adjusted there. Either way the banned id is never picked and the copied logits hold -inf there.
+// (step 1). A row whose adjustments do not fit the step's list (MemoryPlan::kAdjPerRow a row of
+// max_num_seqs) samples on the host, adjusted there. Either way the banned id is never picked and the copied logits hold -inf there.
 TEST(CudaRunner, BannedTokensAreNeverSampled) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
@@ -129,7 +152,7 @@ TEST(CudaRunner, BannedTokensAreNeverSampled) {
       gpu->step(std::span<const mx::SeqStep>(seqs).first(1), std::span<mx::SampleResult>(out).first(1));
       ban = {out[0].token, cfg.vocab_size + 5};  // an id past the vocabulary is ignored
       many = ban;
-      for (int id = 1; int(many.size()) < 384 * nseq + 10; ++id)
+      for (int id = 1; int(many.size()) < mx::MemoryPlan::kAdjPerRow * nseq + 10; ++id)
         if (id != ban[0]) many.push_back(id);
       forced = (ban[0] + 1000) % cfg.vocab_size;
       forced4 = (ban[0] + 2000) % cfg.vocab_size;
@@ -277,14 +300,16 @@ TEST(CudaRunner, DecodeAheadWithBannedTokens) {
   EXPECT_GT(got.used, 10u);
 }
 
-// Penalized rows (presence / frequency / repetition) sample on the host: their copied logits are the raw
-// logits with the penalties applied over the given history (the prompt, then the output fed so far), exactly
-// as penalize_tokens does, and the pick is the host sampler's; a row without penalties in the same step keeps
-// the GPU's pick. The prefill forward (step 0) and a decode graph (step 1), fed the same tokens in both runs.
-TEST(CudaRunner, PenalizedRowsSampleOnTheHost) {
+// Penalized rows (presence / frequency / repetition) are adjusted on the GPU before the pick: their copied
+// logits are the raw logits with the penalties applied over the given history (the prompt, then the output
+// fed so far) bit for bit as penalize_tokens does; a greedy row takes their argmax, a temperature row the
+// pick kernel's draw from them, and a penalized row that asks for top_logprobs the host sampler's. A row
+// without penalties in the same step keeps its pick. The prefill forward (step 0) and a decode graph (step 1),
+// fed the same tokens in both runs.
+TEST(CudaRunner, PenalizedRowsSampleOnTheGpu) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
-  const int nseq = 3, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
+  const int nseq = 4, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
   mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
   opt.keep_logits = true;
   std::vector<int32_t> prompt(P), fed(nseq), hist;
@@ -312,6 +337,7 @@ TEST(CudaRunner, PenalizedRowsSampleOnTheHost) {
         q.sample = true;
         q.sampling.temperature = s == 2 ? 0.8f : 0.f;
         q.sampling.seed = 3;
+        if (s == 3) q.sampling.top_logprobs = 2;
         q.rng_step = uint64_t(st);
         if (penalize && s > 0) {
           q.sampling.presence_penalty = 0.5f;
@@ -343,6 +369,7 @@ TEST(CudaRunner, PenalizedRowsSampleOnTheHost) {
       mx::SamplingParams p;
       p.temperature = s == 2 ? 0.8f : 0.f;
       p.seed = 3;
+      p.top_logprobs = s == 3 ? 2 : 0;
       p.presence_penalty = 0.5f;
       p.frequency_penalty = 0.25f;
       p.repetition_penalty = 2.f;
@@ -351,6 +378,10 @@ TEST(CudaRunner, PenalizedRowsSampleOnTheHost) {
       mx::penalize_tokens(want.data(), V, p, hist, P, scratch);
       ASSERT_EQ(pen[st].logits[size_t(s)].size(), want.size());
       EXPECT_EQ(std::memcmp(pen[st].logits[size_t(s)].data(), want.data(), want.size() * 4), 0);
+      if (s == 2) {  // the GPU's draw over the penalized row: the pick kernel on the expected logits
+        EXPECT_EQ(pen[st].out[s].token, gpu_draw(want, p.temperature, mx::sample_stream_key(p.seed, uint64_t(st))));
+        continue;
+      }
       EXPECT_EQ(pen[st].out[s].token, mx::sample_token(want.data(), V, p, uint64_t(st), fscratch).token);
     }
   }

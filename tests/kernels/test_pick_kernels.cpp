@@ -13,6 +13,7 @@
 #include "core/bf16.h"
 #include "kernels/decode/decode_kernels.h"
 #include "kernels/decode/decode_gemv.h"
+#include "model/logit_adjust.h"
 #include "model/sampler.h"
 #include "tests/kernels/gpu_test_util.h"
 
@@ -55,10 +56,10 @@ TEST_P(ArgmaxRows, LowestIdOnTiesAndLogprob) {
 // One chunk (5003, 5004) and several with a partial last one (201088: 32 chunks, the gpt-oss vocabulary).
 INSTANTIATE_TEST_SUITE_P(CudaKernels, ArgmaxRows, ::testing::Values(5003, 5004, 9001, 201088));
 
-// Logit adjustments (logit_bias, min_tokens' bans): each (s, id, value) of the rows [s0, s0 + S) inside
-// the slice [id0, id0 + n) is added, nothing else changes (exact: one bias an id, and -inf absorbs it in
-// either order); then the pick and its log-prob skip the banned ids, even where a thread's first logits
-// are all banned (the log-sum must not take exp(-inf - -inf)).
+// Logit adjustments (logit_bias, min_tokens' bans, penalties; model/logit_adjust.h): each entry of the rows
+// [s0, s0 + S) inside the slice [id0, id0 + n) is applied as apply_logit_adjustments does, bit for bit
+// (rounded ops, no FMA), nothing else changes; then the pick and its log-prob skip the banned ids, even
+// where a thread's first logits are all banned (the log-sum must not take exp(-inf - -inf)).
 TEST(CudaKernels, AdjustLogitsThenPick) {
   const int V = 5003, S = 3, s0 = 2;
   const float ninf = -INFINITY;
@@ -67,28 +68,24 @@ TEST(CudaKernels, AdjustLogitsThenPick) {
   std::normal_distribution<float> n(0, 2);
   for (auto& v : lg) v = n(rng);
   lg[size_t(V) + 77] = 60;  // row 1's pick, banned below
-  std::vector<int32_t> adj = {0};
-  auto add = [&](int s, int id, float v) {
-    int32_t b;
-    std::memcpy(&b, &v, 4);
-    adj.insert(adj.end(), {s, id, b});
-    ++adj[0];
-  };
+  std::vector<mx::LogitAdjustEntry> entries;
+  auto add = [&](int s, int id, float v, float rep = 1.f, float sub = 0.f) { entries.push_back({s, id, v, rep, sub}); };
   for (int id = 0; id < 600; ++id) add(s0, id, ninf);  // row 0's first ids: every thread's first logits
   add(s0, 700, 100.f);                                  // row 0's pick: a bias
-  add(s0 + 1, 77, 3.f); add(s0 + 1, 77, ninf);          // a bias and a ban of one id
-  add(s0 + 1, V - 1, ninf); add(s0 + 2, 2500, -7.5f); add(s0 + 2, 2600, ninf); add(s0 + 2, 2600, 9.f);
+  add(s0 + 1, 77, ninf, 1.3f, 0.75f);                   // a ban with penalties: still -inf
+  add(s0 + 1, V - 1, ninf); add(s0 + 2, 2500, -7.5f); add(s0 + 2, 2600, ninf);
+  for (int id = 3000; id < 3400; id += 3)  // penalties: repetition on both signs, subtractions, a bias first
+    add(s0 + 2, id, id % 2 ? 0.f : 1.25f, id % 5 ? 1.7f : 1.f, id % 7 ? 0.5f + 0.25f * float(id % 4) : 0.f);
+  for (int id = 1000; id < 1100; ++id) add(s0 + 1, id, 0.f, 0.6f, -0.3f);  // a penalty below 1, a negative one
   add(s0 - 1, 5, ninf); add(s0 + S, 6, ninf); add(s0, V + 3, ninf); add(s0, -1, ninf);  // out of range: untouched
+  std::vector<int32_t> adj(1 + entries.size() * mx::cuda::kAdjustWords);
+  adj[0] = int32_t(entries.size());
+  std::memcpy(adj.data() + 1, entries.data(), entries.size() * sizeof(mx::LogitAdjustEntry));
   for (int slice = 0; slice < 2; ++slice) {
     SCOPED_TRACE(slice ? "slice [2000, 3500)" : "whole row");
     const int id0 = slice ? 2000 : 0, nid = slice ? 1500 : V;
     std::vector<float> want = lg;
-    for (int k = 0; k < adj[0]; ++k) {
-      const int s = adj[1 + 3 * k] - s0, id = adj[2 + 3 * k];
-      float v;
-      std::memcpy(&v, &adj[3 + 3 * k], 4);
-      if (s >= 0 && s < S && id >= id0 && id < id0 + nid) want[size_t(s) * V + id] += v;
-    }
+    mx::apply_logit_adjustments(want.data() + id0, V, id0, nid, entries, s0, S);
     float* dlg = to_dev(lg);
     int32_t* dadj = to_dev(adj);
     mx::cuda::launch_adjust_logits(dlg + id0, V, id0, nid, dadj, s0, S, 0);
