@@ -29,9 +29,9 @@ bool LogitAdjustBuilder::add_row(int row, const SeqStep& q, LogitAdjustEntry* ou
   if (p.penalized()) {
     const int prompt_len = std::clamp(q.prompt_len, 0, int(q.history.size()));
     const bool rep = p.repetition_penalty != 1.f, counts = p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
-    for (int i = 0; i < int(q.history.size()); ++i) {
+    for (int i = rep ? 0 : prompt_len; i < int(q.history.size()); ++i) {  // without repetition: the output only
       const int32_t id = q.history[size_t(i)];
-      if (!valid(id) || (!rep && (i < prompt_len || !counts))) continue;
+      if (!valid(id)) continue;
       Acc& a = at(id);
       if (rep) a.rep = p.repetition_penalty;
       if (counts && i >= prompt_len) ++a.count;
