@@ -308,7 +308,7 @@ TEST(TensorParallel, MiniTwoGpusNcclOnlyMatchCpuReference) {
 // from `ban`, the odd ones' logits biased by `bias`.
 std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperature, int nseq, int P, int steps,
                                        int prefill_min_tokens, std::span<const int32_t> ban = {},
-                                       std::span<const mx::LogitBias> bias = {}) {
+                                       std::span<const mx::LogitBias> bias = {}, bool penalize = false) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + nseq + steps, nblk = (N + bs - 1) / bs;
@@ -331,8 +331,16 @@ std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperatu
   for (int st = 0; st <= steps; ++st) {
     std::vector<mx::SeqStep> seqs = e2e_step(gpu->kv_shape(), st, P, toks, bt, sw, sw_step, done, temperature);
     for (int s = 0; s < nseq; ++s) {
-      if (s % 2 == 0) seqs[size_t(s)].banned = ban;
-      else seqs[size_t(s)].logit_bias = bias;
+      mx::SeqStep& q = seqs[size_t(s)];
+      if (s % 2 == 0) q.banned = ban;
+      else q.logit_bias = bias;
+      if (penalize && s % 3 == 2 && !q.tokens.empty()) {  // over the tokens fed so far, prompt P + s
+        q.sampling.presence_penalty = 0.5f;
+        q.sampling.frequency_penalty = 0.3f;
+        q.sampling.repetition_penalty = 1.5f;
+        q.history = std::span<const int32_t>(toks[size_t(s)]).first(size_t(q.start_pos) + q.tokens.size());
+        q.prompt_len = P + s;
+      }
     }
     std::vector<mx::SampleResult> out(nseq);
     gpu->step(seqs, out);
@@ -360,9 +368,10 @@ TEST(TensorParallel, MiniTwoGpusSplitPickIsTheGatheredPick) {
     }
   }
 }
-// Banned tokens and logit biases on each GPU's vocabulary slice (the split pick) and on the gathered row:
-// the same picks, no banned id picked, the +100 bias (an id of the second GPU's slice) always picked (graph
-// decode steps, the decode path's chunks, wide graph steps).
+// Banned tokens, logit biases and penalties (every third row, over ids of both slices) on each GPU's
+// vocabulary slice (the split pick) and on the gathered row: the same picks, no banned id picked, the +100
+// bias (an id of the second GPU's slice) always picked (graph decode steps, the decode path's chunks, wide
+// graph steps).
 TEST(TensorParallel, MiniTwoGpusLogitAdjustmentsSplitAndGathered) {
   if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   struct Case { int nseq, P, steps, prefill_min; float temperature; };
@@ -372,8 +381,8 @@ TEST(TensorParallel, MiniTwoGpusLogitAdjustmentsSplitAndGathered) {
     for (size_t i = 0; i < free.size() && ban.size() < 6; i += 2) ban.push_back(free[i].token);
     const int32_t forced = mx::load_model_config(e2e_fixture("mini")).vocab_size - 3;
     const std::vector<mx::LogitBias> bias = {{forced, 100.f}, {ban[0], 100.f}};
-    const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban, bias);
-    const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban, bias);
+    const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban, bias, true);
+    const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, ban, bias, true);
     ASSERT_EQ(split.size(), gathered.size());
     for (size_t i = 0; i < split.size(); ++i) {
       EXPECT_EQ(split[i].token, gathered[i].token) << c.nseq << " seqs, T " << c.temperature << ", pick " << i;
