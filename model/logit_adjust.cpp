@@ -1,6 +1,7 @@
 #include "model/logit_adjust.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "core/parallel.h"
@@ -51,55 +52,142 @@ bool LogitAdjustBuilder::add_row(int row, const SeqStep& q, LogitAdjustEntry* ou
 void LogitAdjustList::begin(LogitAdjustEntry* out, int cap) {
   out_ = out;
   cap_ = cap;
-  n_ = reserved_ = 0;
-  pending_.clear();
+  n_ = reserved_ = npending_ = 0;
+  if (++step_ % kForgetSteps == 0)
+    std::erase_if(seqs_, [&](const auto& kv) { return kv.second.used + kForgetSteps < step_; });
 }
 
 bool LogitAdjustList::add(int row, const SeqStep& q) {
-  if (q.sampling.penalized()) {  // at most an entry an id it names: reserve that many, build at finish()
-    const int bound = int(q.history.size() + q.logit_bias.size() + q.banned.size());
-    if (n_ + reserved_ + bound <= cap_) {
+  if (q.sampling.penalized()) {
+    SeqIds& seq = seqs_[q.seq_id];
+    const bool kept = seq.used != step_;  // (a sequence twice in one step: the second built now)
+    const int hist = int(q.history.size());
+    // At most: its kept ids and an entry a history token it has not seen, a bias and a ban.
+    const int known = counted(seq, q) ? int(seq.ids.size()) + hist - seq.consumed : hist;
+    const int bound = known + int(q.logit_bias.size() + q.banned.size());
+    if (kept && n_ + reserved_ + bound <= cap_) {
+      seq.used = step_;
       reserved_ += bound;
-      pending_.push_back({row, &q});
+      if (npending_ == int(pending_.size())) pending_.emplace_back();
+      Pending& p = pending_[size_t(npending_++)];
+      p.row = row;
+      p.q = &q;
+      p.seq = &seq;
       return true;
     }
   }
   return now_.add_row(row, q, out_, n_, cap_ - reserved_);
 }
 
-int LogitAdjustList::finish() {
-  const int rows = int(pending_.size());
-  // A part a ~8,000 history tokens (~0.1 ms of one thread), at most one a thread.
-  const int parts = std::clamp(std::min(reserved_ / 8192, rows), 1, pool_.size());
-  if (parts == 1) {
-    for (const Pending& p : pending_) now_.add_row(p.row, *p.q, out_, n_, cap_);  // fits: reserved
+// Brings seq up to q's history: the new tokens one by one, or all of them again when the history is not
+// the one it counted (or much longer).
+bool LogitAdjustList::counted(const SeqIds& seq, const SeqStep& q) {
+  const int hist = int(q.history.size());
+  return seq.prompt == (q.sampling.repetition_penalty != 1.f) && seq.prompt_len == std::clamp(q.prompt_len, 0, hist) &&
+         seq.consumed <= hist && (seq.consumed == 0 || q.history[size_t(seq.consumed - 1)] == seq.last);
+}
+
+void LogitAdjustList::update(SeqIds& seq, const SeqStep& q, std::vector<uint64_t>& scratch) const {
+  const bool prompt = q.sampling.repetition_penalty != 1.f;
+  const int hist = int(q.history.size()), prompt_len = std::clamp(q.prompt_len, 0, hist);
+  auto valid = [&](int32_t id) { return id >= 0 && id < vocab_; };
+  if (!counted(seq, q) || hist - seq.consumed > 64) {  // sorted (id, output) keys, counted in runs
+    scratch.clear();
+    for (int i = prompt ? 0 : prompt_len; i < hist; ++i)
+      if (valid(q.history[size_t(i)])) scratch.push_back(uint64_t(q.history[size_t(i)]) << 1 | uint64_t(i >= prompt_len));
+    std::sort(scratch.begin(), scratch.end());
+    seq.ids.clear();
+    for (const uint64_t k : scratch) {
+      const int32_t id = int32_t(k >> 1);
+      if (seq.ids.empty() || seq.ids.back().id != id) seq.ids.push_back({id, 0});
+      seq.ids.back().count += int32_t(k & 1);
+    }
   } else {
-    while (int(part_builders_.size()) < parts) part_builders_.push_back(std::make_unique<LogitAdjustBuilder>(vocab_));
-    part_entries_.resize(size_t(std::max<size_t>(part_entries_.size(), size_t(parts))));
-    pool_.parallel_for(parts, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) {
-        std::vector<LogitAdjustEntry>& v = part_entries_[size_t(k)];
-        int bound = 0, n = 0;
-        for (int i = int(rows * k / parts); i < int(rows * (k + 1) / parts); ++i) {
-          const SeqStep& q = *pending_[size_t(i)].q;
-          bound += int(q.history.size() + q.logit_bias.size() + q.banned.size());
-        }
-        v.resize(size_t(bound));
-        for (int i = int(rows * k / parts); i < int(rows * (k + 1) / parts); ++i)
-          part_builders_[size_t(k)]->add_row(pending_[size_t(i)].row, *pending_[size_t(i)].q, v.data(), n, bound);
-        v.resize(size_t(n));
-      }
-    });
-    std::vector<int> at(size_t(parts) + 1, n_);
-    for (int k = 0; k < parts; ++k) at[size_t(k) + 1] = at[size_t(k)] + int(part_entries_[size_t(k)].size());
+    for (int i = seq.consumed; i < hist; ++i) {
+      const int32_t id = q.history[size_t(i)];
+      const bool out = i >= prompt_len;
+      if (!valid(id) || (!out && !prompt)) continue;
+      auto it = std::lower_bound(seq.ids.begin(), seq.ids.end(), id, [](const IdCount& a, int32_t b) { return a.id < b; });
+      if (it == seq.ids.end() || it->id != id) it = seq.ids.insert(it, {id, 0});
+      it->count += int32_t(out);
+    }
+  }
+  seq.prompt = prompt;
+  seq.prompt_len = prompt_len;
+  seq.consumed = hist;
+  seq.last = hist > 0 ? q.history[size_t(hist - 1)] : -1;
+}
+
+// p's biases and bans as one entry an id, in adjust_row_logits' order (a ban absorbs the bias), and its
+// entry count: its kept ids and the extras' ids among none of them.
+void LogitAdjustList::extras(Pending& p) const {
+  const SeqStep& q = *p.q;
+  p.extra.clear();
+  for (const LogitBias& b : q.logit_bias)
+    if (b.id >= 0 && b.id < vocab_) p.extra.push_back({p.row, b.id, b.bias, 1.f, 0.f});
+  for (int32_t id : q.banned)
+    if (id >= 0 && id < vocab_) p.extra.push_back({p.row, id, -std::numeric_limits<float>::infinity(), 1.f, 0.f});
+  std::stable_sort(p.extra.begin(), p.extra.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  size_t m = 0;
+  for (size_t i = 0; i < p.extra.size(); ++i) {
+    if (m > 0 && p.extra[m - 1].id == p.extra[i].id) {
+      LogitAdjustEntry& e = p.extra[m - 1];
+      e.add = std::isinf(p.extra[i].add) ? p.extra[i].add : e.add + p.extra[i].add;
+    } else {
+      p.extra[m++] = p.extra[i];
+    }
+  }
+  p.extra.resize(m);
+  const std::vector<IdCount>& ids = p.seq->ids;
+  p.size = int(ids.size());
+  for (const LogitAdjustEntry& e : p.extra)
+    if (!std::binary_search(ids.begin(), ids.end(), IdCount{e.id, 0}, [](const IdCount& a, const IdCount& b) { return a.id < b.id; }))
+      ++p.size;
+}
+
+void LogitAdjustList::emit(const Pending& p) const {
+  const SamplingParams& sp = p.q->sampling;
+  const float rep = sp.repetition_penalty;
+  const std::vector<IdCount>& ids = p.seq->ids;
+  LogitAdjustEntry* o = out_ + p.at;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int c = ids[i].count;
+    // The host's expression, so the subtraction is the same float.
+    o[i] = {p.row, ids[i].id, 0.f, rep, c > 0 ? sp.frequency_penalty * float(c) + sp.presence_penalty : 0.f};
+  }
+  size_t k = ids.size();
+  for (const LogitAdjustEntry& e : p.extra) {
+    auto it = std::lower_bound(ids.begin(), ids.end(), e.id, [](const IdCount& a, int32_t b) { return a.id < b; });
+    if (it != ids.end() && it->id == e.id) o[it - ids.begin()].add = e.add;
+    else o[k++] = e;
+  }
+}
+
+int LogitAdjustList::finish() {
+  const int rows = npending_;
+  // A part a ~16 rows, at most one a thread.
+  const int parts = std::clamp(rows / 16, 1, pool_.size());
+  if (int(scratch_.size()) < parts) scratch_.resize(size_t(parts));
+  auto each = [&](auto&& fn) {
+    if (parts == 1) {
+      for (int i = 0; i < rows; ++i) fn(pending_[size_t(i)], scratch_[0]);
+      return;
+    }
     pool_.parallel_for(parts, [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k)
-        std::copy(part_entries_[size_t(k)].begin(), part_entries_[size_t(k)].end(), out_ + at[size_t(k)]);
+        for (int i = int(rows * k / parts); i < int(rows * (k + 1) / parts); ++i) fn(pending_[size_t(i)], scratch_[size_t(k)]);
     });
-    n_ = at[size_t(parts)];
+  };
+  each([&](Pending& p, std::vector<uint64_t>& scratch) {
+    update(*p.seq, *p.q, scratch);
+    extras(p);
+  });
+  for (int i = 0; i < rows; ++i) {  // within what add() reserved
+    pending_[size_t(i)].at = n_;
+    n_ += pending_[size_t(i)].size;
   }
-  pending_.clear();
-  reserved_ = 0;
+  each([&](Pending& p, std::vector<uint64_t>&) { emit(p); });
+  npending_ = reserved_ = 0;
   return n_;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "model/model_runner.h"
@@ -45,32 +46,55 @@ class LogitAdjustBuilder {
   std::vector<Acc> row_;
 };
 
-// A step's list at out[0, cap): rows are added in step order; a penalized row's entries (an id of its
-// history each, ~1,500 at 1k/1k) are built at finish(), those of many rows on the pool's threads, so a
-// step of 256 penalized rows does not wait ~4 ms for one thread. The pool is shared with the caller's
-// other work and not used between add() and finish().
+// A step's list at out[0, cap), rows added in step order. A penalized row's ids and output counts are
+// kept per sequence across steps (a step adds the tokens its history gained), so a step writes each row's
+// entries without walking its history again; those of many rows on the pool's threads at finish(). The
+// pool is not used between add() and finish(). A sequence not stepped for kForgetSteps is forgotten (its
+// counts rebuilt if it comes back).
 class LogitAdjustList {
  public:
+  static constexpr int kForgetSteps = 256;
   LogitAdjustList(int vocab, ThreadPool& pool) : vocab_(vocab), pool_(pool), now_(vocab) {}
   void begin(LogitAdjustEntry* out, int cap);
   // Reserves or appends row `row`'s entries; false when they do not fit what is left (the row samples on
   // the host, nothing of it in the list). q must stay valid until finish().
   bool add(int row, const SeqStep& q);
   int finish();  // builds the reserved rows; returns the list's entries
+  size_t sequences_kept() const { return seqs_.size(); }
 
  private:
+  struct IdCount {
+    int32_t id;
+    int32_t count;  // in the output; 0: a prompt id (kept for the repetition penalty only)
+  };
+  // One sequence's distinct ids, sorted, as of its first `consumed` history tokens.
+  struct SeqIds {
+    std::vector<IdCount> ids;
+    int consumed = 0, prompt_len = 0;
+    int32_t last = -1;     // history[consumed - 1]
+    bool prompt = false;   // prompt ids kept (a repetition penalty)
+    uint64_t used = 0;     // the step that last used it
+  };
   struct Pending {
     int row;
     const SeqStep* q;
+    SeqIds* seq;
+    int size = 0, at = 0;                  // entries, and where they go
+    std::vector<LogitAdjustEntry> extra;   // biases and bans, merged an id
   };
+  static bool counted(const SeqIds& seq, const SeqStep& q);  // seq counted a prefix of q's history
+  void update(SeqIds& seq, const SeqStep& q, std::vector<uint64_t>& scratch) const;
+  void extras(Pending& p) const;
+  void emit(const Pending& p) const;
   int vocab_;
   ThreadPool& pool_;
   LogitAdjustBuilder now_;
   LogitAdjustEntry* out_ = nullptr;
-  int cap_ = 0, n_ = 0, reserved_ = 0;
-  std::vector<Pending> pending_;
-  std::vector<std::unique_ptr<LogitAdjustBuilder>> part_builders_;
-  std::vector<std::vector<LogitAdjustEntry>> part_entries_;
+  int cap_ = 0, n_ = 0, reserved_ = 0, npending_ = 0;
+  uint64_t step_ = 0;
+  std::vector<Pending> pending_;  // [0, npending_) this step's (kept beyond for their buffers)
+  std::unordered_map<int64_t, SeqIds> seqs_;
+  std::vector<std::vector<uint64_t>> scratch_;  // a part's sort buffer
 };
 
 // The CPU reference of the device kernel: entries of rows [s0, s0 + S) applied to logits[(row - s0) *

@@ -131,27 +131,26 @@ TEST(LogitAdjust, RowPastTheCapAppendsNothing) {
   }
 }
 
-// A step's list with many penalized rows, built on a pool's threads, holds the entries the builder makes
-// row by row (in another order); every row fits a list of their bounds; in a shorter one a row past what
-// is left samples on the host and leaves no entry.
-TEST(LogitAdjust, ListOfManyRowsOnThreads) {
-  const int V = 20000, R = 40;
+// A step's list over several steps, penalized rows kept per sequence: each step's entries are the ones the
+// builder makes row by row from the whole history (in another order): histories that grow by one token,
+// by many (counted again), one replaced under the same sequence id, biases and bans that change, rows
+// built on a pool's threads. Every row fits a list of their bounds; in a shorter one a row past what is
+// left samples on the host and leaves no entry.
+TEST(LogitAdjust, ListKeepsSequencesAcrossSteps) {
+  const int V = 20000, R = 40, P = 300;
   std::mt19937 rng(5);
   std::vector<Case> cases;
   mx::SamplingParams p;
   p.repetition_penalty = 1.2f;
   p.frequency_penalty = 0.4f;
+  mx::SamplingParams pres;
+  pres.presence_penalty = -0.5f;
   for (int r = 0; r < R; ++r) {
-    cases.push_back(random_case(rng, V, r % 4 == 3 ? mx::SamplingParams{} : p));
-    if (r % 5 == 0) cases.back().history.resize(3000, 7);  // longer rows, one id repeated
-    cases.back().q.history = cases.back().history;
+    cases.push_back(random_case(rng, V, r % 4 == 3 ? mx::SamplingParams{} : r % 4 == 1 ? pres : p));
+    std::uniform_int_distribution<int> id(0, V - 1);
+    while (cases.back().history.size() < 800) cases.back().history.push_back(id(rng) % (r % 5 == 0 ? 50 : V));
+    cases.back().q.seq_id = 100 + r;
   }
-  cases[20].q.history = {};  // penalized with no history yet: its biases and bans only
-  std::vector<mx::LogitAdjustEntry> want(size_t(R) * 4000);
-  int nwant = 0;
-  mx::LogitAdjustBuilder one(V);
-  for (int r = 0; r < R; ++r) one.add_row(r, cases[size_t(r)].q, want.data(), nwant, int(want.size()));
-  want.resize(size_t(nwant));
   auto key = [](const mx::LogitAdjustEntry& e) { return std::pair(e.row, e.id); };
   auto by_key = [&](std::vector<mx::LogitAdjustEntry> v) {
     std::sort(v.begin(), v.end(), [&](auto& a, auto& b) { return key(a) < key(b); });
@@ -159,10 +158,27 @@ TEST(LogitAdjust, ListOfManyRowsOnThreads) {
   };
   mx::ThreadPool pool(4);
   mx::LogitAdjustList list(V, pool);
-  int bounds = 0;  // what the list reserves for a penalized row: an entry an id it names
-  for (const Case& c : cases) bounds += int(c.q.history.size() + c.q.logit_bias.size() + c.q.banned.size());
-  for (int cap : {bounds, int(want.size()) - 500}) {
-    SCOPED_TRACE("cap " + std::to_string(cap));
+  mx::LogitAdjustBuilder one(V);
+  int len = P + 2;
+  for (int step = 0; step < 8; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    len += step == 4 ? 150 : 1;  // step 4: many tokens at once
+    if (step == 5) {             // row 6's history replaced, the same sequence id
+      std::shuffle(cases[6].history.begin(), cases[6].history.end(), rng);
+    }
+    std::vector<mx::LogitAdjustEntry> want(size_t(R) * 2000);
+    int nwant = 0, bounds = 0;
+    for (int r = 0; r < R; ++r) {
+      mx::SeqStep& q = cases[size_t(r)].q;
+      q.history = std::span<const int32_t>(cases[size_t(r)].history).first(size_t(len));
+      q.prompt_len = P;
+      q.banned = std::span<const int32_t>(cases[size_t(r)].banned).first(size_t(step % 3) * 5);
+      q.logit_bias = std::span<const mx::LogitBias>(cases[size_t(r)].bias).first(size_t(step % 2) * 20);
+      one.add_row(r, q, want.data(), nwant, int(want.size()));
+      bounds += len + int(q.logit_bias.size() + q.banned.size());
+    }
+    want.resize(size_t(nwant));
+    const int cap = step == 6 ? nwant - 300 : bounds;
     std::vector<mx::LogitAdjustEntry> got(size_t(cap) + 10);
     list.begin(got.data(), cap);
     std::vector<char> fit(R);
@@ -178,11 +194,15 @@ TEST(LogitAdjust, ListOfManyRowsOnThreads) {
     ASSERT_EQ(got.size(), expect.size());
     EXPECT_EQ(std::memcmp(got.data(), expect.data(), got.size() * sizeof(mx::LogitAdjustEntry)), 0);
     const int missing = int(std::count(fit.begin(), fit.end(), 0));
-    EXPECT_EQ(missing, cap == bounds ? 0 : missing);
-    if (cap != bounds) {
-      EXPECT_GT(missing, 0);
-    }
+    EXPECT_EQ(missing > 0, step == 6);
   }
+  EXPECT_EQ(list.sequences_kept(), size_t(R - R / 4));  // the penalized ones
+  std::vector<mx::LogitAdjustEntry> none(4);
+  for (int step = 0; step < mx::LogitAdjustList::kForgetSteps * 2; ++step) {  // steps without them
+    list.begin(none.data(), 4);
+    list.finish();
+  }
+  EXPECT_EQ(list.sequences_kept(), 0u);
 }
 
 }  // namespace
