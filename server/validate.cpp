@@ -145,7 +145,15 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     p.min_tokens = int(m);
   }
   if (present(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], lim.max_logit_bias);
-  for (const char* unsupported : {"response_format", "chat_template", "guided_regex", "guided_json"})
+  if (present(body, "response_format")) {  // plain text is the default; structured outputs are not built yet
+    const json& f = body["response_format"];
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+      bad("response_format", "'response_format' must be an object with a string 'type'");
+    const std::string type = f["type"].get<std::string>();
+    if (type != "text")
+      bad("response_format", fmt::format("response_format type '{}' is not supported (only 'text')", type));
+  }
+  for (const char* unsupported : {"chat_template", "guided_regex", "guided_json"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
   return p;
 }

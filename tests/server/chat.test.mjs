@@ -106,6 +106,11 @@ test('tool definitions are accepted, with tool_choice auto and none', async () =
   }
 });
 
+test('response_format text (the default some SDKs send) is accepted', async () => {
+  const r = await oa.chat.completions.create({ model: MODEL, messages: user('Hi'), response_format: { type: 'text' }, max_tokens: 4 });
+  assert.ok(FINISH.includes(r.choices[0].finish_reason));
+});
+
 test('tool-call round trip history (assistant tool_calls + tool message) is accepted', async () => {
   const messages = [
     ...user('Weather in Paris?'),

@@ -50,6 +50,7 @@ const BAD = [
   ['26 logit_bias out of vocab', 'cmpl', cmpl({ logit_bias: { 999999: 5 } }), 'logit_bias'],
   ['27 seed 2^70', 'chat', chat({ seed: 2 ** 70 }), 'seed'],
   ['28 response_format', 'chat', chat({ response_format: { type: 123 } }), 'response_format'],
+  ['28 response_format json_object (no grammar yet)', 'chat', chat({ response_format: { type: 'json_object' } }), 'response_format'],
   ['30 tools bad type', 'chat', chat({ tools: [{ type: 'nope', function: { name: 'f' } }] }), 'tools[0]'],
   ['30 tool_choice names an unknown function', 'chat',
     chat({ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }),

@@ -60,6 +60,12 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"ignore_eos":1})"), "ignore_eos");
   EXPECT_EQ(bad_param(R"({"ignore_eos":"true"})"), "ignore_eos");
   EXPECT_EQ(bad_param(R"({"ignore_eos":true})", false), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"text"}})"), "<accepted>");  // the default, sent by some SDKs
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_object"}})"), "response_format");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_schema","json_schema":{"name":"x"}}})"), "response_format");
+  EXPECT_EQ(bad_param(R"({"response_format":"text"})"), "response_format");
+  EXPECT_EQ(bad_param(R"({"response_format":{}})"), "response_format");
+  EXPECT_EQ(bad_param(R"({"guided_json":{}})"), "guided_json");
   json many = {{"stop", json::array()}};
   for (int i = 0; i < 1000; ++i) many["stop"].push_back("x");
   EXPECT_EQ(bad_param(many.dump()), "stop");
