@@ -1,0 +1,88 @@
+// Structured output (response_format json_object / json_schema): the assistant's final channel constrained
+// to one JSON object, token by token. A byte-level JSON recognizer (JsonState), the vocabulary walked as a
+// trie to find the tokens that keep the text valid (JsonTokenMask), and one choice's constraint that stays
+// free through the analysis and commentary channels and starts at "<|channel|>final<|message|>"
+// (FinalChannelJson). The grammar is JSON's, not a schema's: a json_schema's schema reaches the model
+// through the developer message (render.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace mx::harmony {
+
+// Where a JSON text is, after some bytes: POD, so a trie walk copies it a byte.
+struct JsonState {
+  uint64_t arrays = 0;  // bit d: the container at depth d + 1 is an array (else an object)
+  uint8_t depth = 0;    // open containers (at most kMaxDepth)
+  uint8_t mode = 0;     // what may come next (json_constraint.cpp)
+  uint8_t aux = 0;      // a literal's matched bytes, a \u escape's hex digits, a number's part
+  uint8_t lit = 0;      // which literal (true, false, null)
+  uint8_t ws = 0;       // whitespace bytes in a row (at most kMaxWhitespace: no endless blank output)
+  bool operator==(const JsonState&) const = default;
+};
+constexpr int kJsonMaxDepth = 63;
+constexpr int kJsonMaxWhitespace = 16;
+
+JsonState json_object_start();  // before the text: the top level is one object
+// Feeds one byte; false when it cannot come next (s is then unspecified).
+bool json_feed(JsonState& s, uint8_t c);
+bool json_done(const JsonState& s);  // the object is complete (only whitespace may follow)
+
+// The ordinary tokens sorted by their bytes, each with its common prefix with the one before, so the
+// tokens that may follow a state are found in one walk that skips every token under a rejected prefix.
+class JsonTokenMask {
+ public:
+  // end_ids: the tokens that may end the text once the object is complete (<|return|>, <|end|>).
+  JsonTokenMask(std::shared_ptr<const Tokenizer> tok, std::vector<int32_t> end_ids);
+  int vocab_size() const { return vocab_; }
+  const Tokenizer& tokenizer() const { return *tok_; }
+  // bits[vocab_size / 64 rounded up]: the tokens whose bytes keep s valid, and the end ids when s is done.
+  void allowed(const JsonState& s, std::vector<uint64_t>& bits) const;
+
+ private:
+  // Tokens sorted by bytes and each one's common prefix with the one before.
+  struct Sorted {
+    std::vector<int32_t> ids;
+    std::vector<uint16_t> lcp;
+  };
+  void walk(const Sorted& list, const JsonState& s, std::vector<uint64_t>& bits) const;
+  std::shared_ptr<const Tokenizer> tok_;
+  std::vector<int32_t> end_ids_;
+  Sorted all_;
+  // Inside a string most tokens are plain text (no quote, backslash or control byte): those are allowed
+  // at once and only the others walked (~1 ms instead of ~30 for the whole vocabulary).
+  std::vector<uint64_t> plain_bits_;
+  Sorted other_;
+  int vocab_ = 0;
+  size_t max_len_ = 0;
+};
+
+// One choice's constraint: free until the assistant opens its final channel, then one JSON object, then
+// an end token. Tokens outside the final channel are free; a channel header's name is read from its bytes.
+class FinalChannelJson {
+ public:
+  explicit FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask);
+  // The tokens the next one may be, as bits over the vocabulary; empty when it is free.
+  std::span<const uint64_t> allowed();
+  void accept(int32_t token);  // a generated token
+  bool active() const { return phase_ == Phase::kJson; }
+
+ private:
+  enum class Phase { kFree, kChannelName, kHeader, kJson, kDone };
+  std::shared_ptr<const JsonTokenMask> mask_;
+  const Tokenizer& tok_;
+  int32_t channel_ = -1, message_ = -1, constrain_ = -1;
+  Phase phase_ = Phase::kFree;
+  std::string name_;
+  JsonState state_;
+  JsonState cached_;  // the state bits_ were computed for (strings keep one state over many tokens)
+  bool have_cache_ = false;
+  std::vector<uint64_t> bits_;
+};
+
+}  // namespace mx::harmony
