@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,15 @@ struct Message {
   std::string name;               // tool: function name if known (else resolved from tool_call_id)
 };
 
+// response_format json_schema: rendered at the end of the developer message ("# Response Formats").
+struct ResponseFormatSpec {
+  std::string name, description;
+  std::string schema;  // compact JSON
+};
+
 struct ChatRequest {
   std::vector<Message> messages;
+  std::optional<ResponseFormatSpec> response_format;
   nlohmann::json tools = nlohmann::json::array();  // OpenAI "tools" array (type=function entries)
   std::string reasoning_effort = "medium";         // low | medium | high
   std::string current_date;                        // YYYY-MM-DD; empty = omit the line

@@ -249,8 +249,8 @@ void JsonTokenMask::allowed(const JsonState& s, std::vector<uint64_t>& bits) con
     for (int32_t id : end_ids_) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
 }
 
-FinalChannelJson::FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask)
-    : mask_(std::move(mask)), tok_(mask_->tokenizer()) {
+FinalChannelJson::FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, bool from_start)
+    : mask_(std::move(mask)), tok_(mask_->tokenizer()), phase_(from_start ? Phase::kJson : Phase::kFree) {
   auto id = [&](const char* t) { return tok_.token_id(t).value_or(-1); };
   channel_ = id("<|channel|>");
   message_ = id("<|message|>");

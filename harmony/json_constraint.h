@@ -66,7 +66,8 @@ class JsonTokenMask {
 // an end token. Tokens outside the final channel are free; a channel header's name is read from its bytes.
 class FinalChannelJson {
  public:
-  explicit FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask);
+  // from_start: held from the first token (a raw completion, which has no channels).
+  explicit FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, bool from_start = false);
   // The tokens the next one may be, as bits over the vocabulary; empty when it is free.
   std::span<const uint64_t> allowed();
   void accept(int32_t token);  // a generated token

@@ -176,10 +176,17 @@ Rendered render_chat(const ChatRequest& req, const Tokenizer& tok) {
     dev = req.messages[0].content;
     first = 1;
   }
-  if (!dev.empty() || has_tools) {
+  const auto& rf = req.response_format;
+  if (!dev.empty() || has_tools || rf) {
     std::string d;
     if (!dev.empty()) d += "# Instructions\n\n" + dev + "\n\n";
     if (has_tools) d += "# Tools\n\n" + functions_namespace(tools);
+    if (rf) {  // the harmony guide's structured output section, last
+      if (has_tools) d += "\n\n";
+      d += "# Response Formats\n\n## " + rf->name + "\n\n";
+      if (!rf->description.empty()) d += "// " + rf->description + "\n";
+      d += rf->schema;
+    }
     b.special("<|start|>");
     b.text("developer");
     b.special("<|message|>");

@@ -72,6 +72,16 @@ ChatRequest chat_request_from_json(const json& body) {
   const json& msgs = body["messages"];
   if (!msgs.is_array() || msgs.empty()) bad("messages", "'messages' must be a non-empty array");
 
+  if (body.contains("response_format") && body["response_format"].is_object() &&
+      body["response_format"].value("type", "") == "json_schema") {  // (validated by the server before)
+    const json& f = body["response_format"];
+    const json js = f.contains("json_schema") && f["json_schema"].is_object() ? f["json_schema"] : json::object();
+    ResponseFormatSpec rf;
+    rf.name = js.contains("name") && js["name"].is_string() ? js["name"].get<std::string>() : "response";
+    if (js.contains("description") && js["description"].is_string()) rf.description = js["description"];
+    rf.schema = js.contains("schema") ? js["schema"].dump() : "{}";
+    r.response_format = rf;
+  }
   if (body.contains("reasoning_effort") && !body["reasoning_effort"].is_null()) {
     if (!body["reasoning_effort"].is_string()) bad("reasoning_effort", "'reasoning_effort' must be a string");
     std::string e = body["reasoning_effort"];

@@ -65,6 +65,9 @@ struct SeqStep {
   // Penalized sampling only: the sequence's tokens so far (prompt, then output) and the prompt's length.
   std::span<const int32_t> history{};
   int32_t prompt_len = 0;
+  // A constrained row (structured output): bit id of word id / 64 set for each id it may take, applied
+  // after the adjustments above; empty = any. A runner samples such a row on the host.
+  std::span<const uint64_t> allowed{};
 };
 
 struct SampleResult {

@@ -188,6 +188,13 @@ void adjust_row_logits(float* logits, int vocab, const SeqStep& q, std::vector<i
   bias_tokens(logits, vocab, q.logit_bias);
   ban_tokens(logits, vocab, q.banned);
   penalize_tokens(logits, vocab, q.sampling, q.history, q.prompt_len, scratch);
+  if (q.allowed.empty()) return;
+  auto ok = [&](int id) { return size_t(id) / 64 < q.allowed.size() && (q.allowed[size_t(id) / 64] >> (id % 64) & 1); };
+  bool any = false;  // (an allowed id the bans left: else the row stays unconstrained rather than all -inf)
+  for (int id = 0; id < vocab && !any; ++id) any = ok(id) && logits[id] > -std::numeric_limits<float>::infinity();
+  if (any)
+    for (int id = 0; id < vocab; ++id)
+      if (!ok(id)) logits[id] = -std::numeric_limits<float>::infinity();
 }
 
 void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,

@@ -22,7 +22,8 @@ void bias_tokens(float* logits, int vocab, std::span<const LogitBias> bias);
 void penalize_tokens(float* logits, int vocab, const SamplingParams& p, std::span<const int32_t> history,
                      int prompt_len, std::vector<int32_t>& scratch);
 // A sampled row's logits before the sampler, in vLLM's order: q's logit_bias, then its bans, then its
-// penalties. The one place the host applies them (the CPU runner, the CUDA engine's host-sampled rows).
+// penalties, then its allowed ids (structured output). The one place the host applies them (the CPU
+// runner, the CUDA engine's host-sampled rows).
 void adjust_row_logits(float* logits, int vocab, const SeqStep& q, std::vector<int32_t>& scratch);
 
 class ThreadPool;

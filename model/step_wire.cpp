@@ -15,7 +15,8 @@ struct SeqHead {
   uint64_t seed, rng_step;
   int32_t start_pos, ntok, nbt, nsw, nban, nbias, nhist, prompt_len, top_k, top_logprobs;
   float temperature, top_p, min_p, presence, frequency, repetition;
-  uint8_t sample, expect_next, logprobs, pad[5];
+  uint8_t sample, expect_next, logprobs, pad;
+  int32_t nallow;  // 64-bit words of the allowed-token bits
 };
 static_assert(sizeof(SeqHead) == 96, "no implicit padding: every byte sent is written");
 
@@ -50,7 +51,7 @@ void encode_step(std::span<const SeqStep> seqs, size_t num_results, std::string&
                     int32_t(q.sliding_table.size()), int32_t(q.banned.size()), int32_t(q.logit_bias.size()),
                     int32_t(q.history.size()), q.prompt_len, p.top_k, p.top_logprobs, p.temperature, p.top_p, p.min_p,
                     p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
-                    uint8_t(q.sample), uint8_t(q.expect_next), uint8_t(p.logprobs), {}};
+                    uint8_t(q.sample), uint8_t(q.expect_next), uint8_t(p.logprobs), 0, int32_t(q.allowed.size())};
     put(out, h);
     put_ids(out, q.tokens);
     put_ids(out, q.block_table);
@@ -58,6 +59,7 @@ void encode_step(std::span<const SeqStep> seqs, size_t num_results, std::string&
     put_ids(out, q.banned);
     put_ids(out, q.history);
     out.append(reinterpret_cast<const char*>(q.logit_bias.data()), q.logit_bias.size() * sizeof(LogitBias));
+    out.append(reinterpret_cast<const char*>(q.allowed.data()), q.allowed.size() * 8);
   }
 }
 
@@ -74,12 +76,13 @@ void decode_step(const std::string& in, WireStep& out) {
   out.seqs.resize(n);
   out.ints.clear();
   out.biases.clear();
+  out.allowed.clear();
   std::vector<SeqHead> heads(n);  // first pass: the ids into one array, then the spans into it
-  std::vector<size_t> offs(n), boffs(n);
+  std::vector<size_t> offs(n), boffs(n), aoffs(n);
   for (uint32_t i = 0; i < n; ++i) {
     SeqHead& h = heads[i];
     r.take(&h, sizeof(h));
-    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0 || h.nbias < 0 || h.nhist < 0)
+    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0 || h.nbias < 0 || h.nhist < 0 || h.nallow < 0)
       fail("tensor parallelism: a step message with negative sizes");
     const size_t ids = size_t(h.ntok) + size_t(h.nbt) + size_t(h.nsw) + size_t(h.nban) + size_t(h.nhist);
     if (ids > (in.size() - r.at) / 4) fail("tensor parallelism: a step message cut short ({} bytes)", in.size());
@@ -90,6 +93,10 @@ void decode_step(const std::string& in, WireStep& out) {
     boffs[i] = out.biases.size();
     out.biases.resize(boffs[i] + size_t(h.nbias));
     r.take(out.biases.data() + boffs[i], size_t(h.nbias) * sizeof(LogitBias));
+    if (size_t(h.nallow) > (in.size() - r.at) / 8) fail("tensor parallelism: a step message cut short ({} bytes)", in.size());
+    aoffs[i] = out.allowed.size();
+    out.allowed.resize(aoffs[i] + size_t(h.nallow));
+    r.take(out.allowed.data() + aoffs[i], size_t(h.nallow) * 8);
   }
   if (r.at != in.size()) fail("tensor parallelism: {} bytes after a step message", in.size() - r.at);
   for (uint32_t i = 0; i < n; ++i) {
@@ -105,6 +112,7 @@ void decode_step(const std::string& in, WireStep& out) {
     q.history = {p + h.ntok + h.nbt + h.nsw + h.nban, size_t(h.nhist)};
     q.prompt_len = h.prompt_len;
     q.logit_bias = {out.biases.data() + boffs[i], size_t(h.nbias)};
+    q.allowed = {out.allowed.data() + aoffs[i], size_t(h.nallow)};
     q.sample = h.sample != 0;
     q.expect_next = h.expect_next != 0;
     q.rng_step = h.rng_step;

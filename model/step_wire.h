@@ -20,6 +20,7 @@ struct WireStep {
   std::vector<SeqStep> seqs;
   std::vector<int32_t> ints;
   std::vector<LogitBias> biases;
+  std::vector<uint64_t> allowed;
   size_t num_results = 0;
 };
 // Fails with one line on bytes that are not an encoded step.

@@ -387,6 +387,7 @@ bool Engine::step() {
     st.sampling = s->req.sampling;
     st.banned = s->generated < s->req.min_tokens ? std::span<const int32_t>(s->req.stop_token_ids) : std::span<const int32_t>{};
     st.logit_bias = s->req.logit_bias;
+    if (st.sample && s->req.constraint) st.allowed = s->req.constraint->allowed();
     if (s->req.sampling.penalized()) {
       st.history = s->tokens;
       st.prompt_len = int(s->tokens.size()) - s->generated;
@@ -412,6 +413,7 @@ bool Engine::step() {
     ev.top = r.top;
     ev.cached_tokens = std::max(s->cached_tokens, 0);
     s->tokens.push_back(r.token);
+    if (s->req.constraint) s->req.constraint->accept(r.token);
     ++s->generated;
     ++gen_tokens;
     bool is_stop = std::find(s->req.stop_token_ids.begin(), s->req.stop_token_ids.end(), r.token) != s->req.stop_token_ids.end();

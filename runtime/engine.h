@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,6 +88,16 @@ class Waker {
   std::thread thread_;
 };
 
+// What a request's next token may be (structured output), asked before each of its sampled tokens and
+// told each one generated; one object a sequence, used on the engine thread only.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Bits over the vocabulary (SeqStep::allowed), valid until the next call; empty = any.
+  virtual std::span<const uint64_t> allowed() = 0;
+  virtual void accept(int32_t token) = 0;
+};
+
 struct GenRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
@@ -94,6 +105,7 @@ struct GenRequest {
   int min_tokens = 0;                    // the stop tokens cannot be sampled before this many tokens
   std::vector<int32_t> stop_token_ids;   // generation ends with finish "stop" on any of these
   std::vector<LogitBias> logit_bias;     // added to the logits before sampling, one entry an id
+  std::shared_ptr<TokenConstraint> constraint;  // null = unconstrained
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 

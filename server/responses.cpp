@@ -65,7 +65,13 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     return;
   } catch (const InvalidRequest& ex) {
     // The chat form's parameter names map back to the request's (max_tokens is max_output_tokens).
-    send_error(res, 400, ex.what(), "invalid_request_error", ex.param() == "max_tokens" ? "max_output_tokens" : ex.param());
+    std::string param = ex.param() == "max_tokens" ? "max_output_tokens" : ex.param();
+    for (const char* chat_form : {"response_format.json_schema", "response_format"})  // text.format's fields
+      if (param.rfind(chat_form, 0) == 0) {
+        param = "text.format" + param.substr(std::string(chat_form).size());
+        break;
+      }
+    send_error(res, 400, ex.what(), "invalid_request_error", param);
     return;
   } catch (const std::exception& ex) {
     send_error(res, 400, ex.what(), "invalid_request_error");

@@ -222,10 +222,29 @@ ResponsesRequest parse_responses_request(const json& body, const ResponseStore& 
     if (!body["parallel_tool_calls"].is_boolean()) bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
     parallel = body["parallel_tool_calls"];
   }
-  if (given(body, "text")) {
+  json format = {{"type", "text"}};
+  if (given(body, "text")) {  // text.format: the chat's response_format, json_schema's fields flattened
     const json& t = body["text"];
-    if (!t.is_object() || (given(t, "format") && (!t["format"].is_object() || t["format"].value("type", "") != "text")))
-      bad("text.format", "'text.format' supports only {\"type\": \"text\"}");
+    if (!t.is_object()) bad("text", "'text' must be an object");
+    if (given(t, "format")) {
+      format = t["format"];
+      if (!format.is_object() || !format.contains("type") || !format["type"].is_string())
+        bad("text.format", "'text.format' must be an object with a string 'type'");
+      const std::string type = format["type"];
+      if (type == "json_object") {
+        chat["response_format"] = {{"type", "json_object"}};
+      } else if (type == "json_schema") {
+        if (!format.contains("name") || !format["name"].is_string()) bad("text.format.name", "'text.format.name' must be a string");
+        if (!format.contains("schema") || !format["schema"].is_object())
+          bad("text.format.schema", "'text.format.schema' must be a JSON schema object");
+        json js = json::object();
+        for (const char* k : {"name", "description", "schema", "strict"})
+          if (format.contains(k)) js[k] = format[k];
+        chat["response_format"] = {{"type", "json_schema"}, {"json_schema", js}};
+      } else if (type != "text") {
+        bad("text.format.type", fmt::format("'text.format.type' must be text, json_object or json_schema, got '{}'", type));
+      }
+    }
   }
   if (given(body, "metadata") && !body["metadata"].is_object()) bad("metadata", "'metadata' must be an object");
 
@@ -238,7 +257,7 @@ ResponsesRequest parse_responses_request(const json& body, const ResponseStore& 
             {"reasoning", {{"effort", effort}, {"summary", nullptr}}},
             {"store", r.store},
             {"temperature", body.value("temperature", json(1.0))},
-            {"text", {{"format", {{"type", "text"}}}}},
+            {"text", {{"format", format}}},
             {"tool_choice", body.value("tool_choice", json("auto"))},
             {"tools", body.value("tools", json::array())},
             {"top_p", body.value("top_p", json(1.0))},

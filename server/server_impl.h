@@ -6,11 +6,13 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <random>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "harmony/harmony.h"
+#include "harmony/json_constraint.h"
 #include "server/responses.h"
 #include "server/server.h"
 
@@ -55,6 +57,17 @@ struct ChoiceState {
   bool stopped_by_string = false;
 };
 
+// response_format's JSON constraint as the engine asks for it (one a choice).
+class JsonOutput : public runtime::TokenConstraint {
+ public:
+  JsonOutput(std::shared_ptr<const harmony::JsonTokenMask> mask, bool from_start) : c_(std::move(mask), from_start) {}
+  std::span<const uint64_t> allowed() override { return c_.allowed(); }
+  void accept(int32_t token) override { c_.accept(token); }
+
+ private:
+  harmony::FinalChannelJson c_;
+};
+
 struct Server::Impl {
   ServerOptions opt;
   httplib::Server http;
@@ -63,6 +76,20 @@ struct Server::Impl {
   std::shared_ptr<const Tokenizer> tok;
   std::vector<int32_t> eos_ids, chat_stop_ids;
   Metrics metrics;
+  std::mutex json_mask_mu;
+  std::shared_ptr<const harmony::JsonTokenMask> json_masks[2];  // [chat]: built at the first JSON request (~0.25 s)
+
+  // The vocabulary's JSON walk; a chat's final channel ends with <|return|>, a raw completion with an eos id.
+  std::shared_ptr<const harmony::JsonTokenMask> json_mask(bool chat) {
+    std::lock_guard lk(json_mask_mu);
+    auto& m = json_masks[chat];
+    if (!m) {
+      std::vector<int32_t> ends = eos_ids;
+      if (chat) ends = {tok->token_id("<|return|>").value_or(eos_ids.empty() ? 0 : eos_ids[0])};
+      m = std::make_shared<const harmony::JsonTokenMask>(tok, ends);
+    }
+    return m;
+  }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
     if (opt.api_key.empty()) return true;
@@ -144,6 +171,7 @@ struct Server::Impl {
       g.max_tokens = max_tokens;
       g.min_tokens = p.min_tokens;
       g.logit_bias = p.logit_bias;
+      if (p.json_output) g.constraint = std::make_shared<JsonOutput>(json_mask(chat), !chat);
       if (!p.ignore_eos) g.stop_token_ids = chat ? chat_stop_ids : eos_ids;
       g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
       g.deadline = deadline;

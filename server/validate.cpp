@@ -1,6 +1,7 @@
 #include "server/validate.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -55,6 +56,34 @@ std::vector<LogitBias> logit_bias(const json& v, int max_entries) {
   for (size_t i = 1; i < out.size(); ++i)
     if (out[i].id == out[i - 1].id) bad(k, fmt::format("'logit_bias' names token {} twice", out[i].id));
   return out;
+}
+
+// OpenAI's response_format: text (the default), json_object, or json_schema {name, description?, schema,
+// strict?}; true for the JSON ones.
+bool json_format(const json& f) {
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    bad("response_format", "'response_format' must be an object with a string 'type'");
+  const std::string type = f["type"].get<std::string>();
+  if (type == "text") return false;
+  if (type == "json_object") return true;
+  if (type != "json_schema")
+    bad("response_format", fmt::format("'response_format.type' must be text, json_object or json_schema, got '{}'", type));
+  if (!f.contains("json_schema") || !f["json_schema"].is_object())
+    bad("response_format.json_schema", "'response_format.json_schema' must be an object");
+  const json& js = f["json_schema"];
+  if (!js.contains("name") || !js["name"].is_string())
+    bad("response_format.json_schema.name", "'response_format.json_schema.name' must be a string");
+  const std::string name = js["name"].get<std::string>();
+  if (name.empty() || name.size() > 64 ||
+      !std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(uint8_t(c)) || c == '_' || c == '-'; }))
+    bad("response_format.json_schema.name", "'response_format.json_schema.name' must be 1-64 of a-z, A-Z, 0-9, _ and -");
+  if (!js.contains("schema") || !js["schema"].is_object())
+    bad("response_format.json_schema.schema", "'response_format.json_schema.schema' must be a JSON schema object");
+  if (js.contains("description") && !js["description"].is_string())
+    bad("response_format.json_schema.description", "'response_format.json_schema.description' must be a string");
+  if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null())
+    bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
+  return true;
 }
 
 }  // namespace
@@ -145,14 +174,7 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     p.min_tokens = int(m);
   }
   if (present(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], lim.max_logit_bias);
-  if (present(body, "response_format")) {  // plain text is the default; structured outputs are not built yet
-    const json& f = body["response_format"];
-    if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
-      bad("response_format", "'response_format' must be an object with a string 'type'");
-    const std::string type = f["type"].get<std::string>();
-    if (type != "text")
-      bad("response_format", fmt::format("response_format type '{}' is not supported (only 'text')", type));
-  }
+  if (present(body, "response_format")) p.json_output = json_format(body["response_format"]);
   for (const char* unsupported : {"chat_template", "guided_regex", "guided_json"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
   return p;

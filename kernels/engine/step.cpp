@@ -25,7 +25,7 @@ namespace {
 // it (kernels/sampling/sample_filtered.h), logit biases, bans (min_tokens) and penalties applied before
 // both (model/logit_adjust.h). Requests for alternatives (top_logprobs) and rows whose adjustments do not
 // fit the step's list sample on the host from the copied logits; the rest of the greedy rows take the
-// greedy-pick kernel's pick.
+// greedy-pick kernel's pick. Constrained rows (structured output's allowed ids) sample on the host too.
 static_assert(sizeof(LogitAdjustEntry) == 4 * cuda::kAdjustWords, "StepMeta::adj holds LogitAdjustEntry words");
 
 bool gpu_filters(const SamplingParams& p) { return p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f; }
@@ -145,7 +145,7 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
-      bool host = q.sampling.top_logprobs > 0;
+      bool host = q.sampling.top_logprobs > 0 || !q.allowed.empty();
       if (!host && LogitAdjustBuilder::needed(q))
         host = !adjust_.add(S, q);
       pl.host_pick.push_back(host);

@@ -386,3 +386,62 @@ TEST(CudaRunner, PenalizedRowsSampleOnTheGpu) {
     }
   }
 }
+
+// Constrained rows (SeqStep::allowed, structured output) sample on the host: their copied logits are -inf
+// outside the allowed ids, a greedy row takes the best allowed id of the free row's logits (the same prompt
+// and fed token in every row), a temperature row draws an allowed id; on the prefill forward (step 0) and
+// in a decode step (step 1).
+TEST(CudaRunner, ConstrainedRowsSampleOnTheHost) {
+  const std::string dir = e2e_fixture("mini");
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int nseq = 3, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
+  opt.keep_logits = true;
+  auto gpu = mx::make_cuda_runner(opt);
+  const std::vector<int32_t> ids = {5, 77, 1000, V - 2};
+  std::vector<uint64_t> bits(size_t(V + 63) / 64, 0);
+  for (int32_t id : ids) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+  std::vector<int32_t> prompt(P), fed(1);
+  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % V;
+  std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) {
+      bt[s].push_back(b * nseq + s);
+      sw[s].push_back(nblk * nseq + b * nseq + s);
+    }
+  for (int st = 0; st < 2; ++st) {
+    SCOPED_TRACE("step " + std::to_string(st));
+    std::vector<mx::SeqStep> seqs(nseq);
+    for (int s = 0; s < nseq; ++s) {
+      mx::SeqStep& q = seqs[s];
+      q.seq_id = s;
+      q.tokens = st == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(fed);
+      q.start_pos = st == 0 ? 0 : P;
+      q.block_table = bt[s];
+      q.sliding_table = sw[s];
+      q.sample = true;
+      q.sampling.temperature = s == 2 ? 0.8f : 0.f;
+      q.sampling.seed = 3;
+      q.rng_step = uint64_t(st);
+      if (s > 0) q.allowed = bits;
+    }
+    std::vector<mx::SampleResult> out(nseq);
+    gpu->step(seqs, out);
+    auto free_lg = gpu->last_logits(0);
+    const std::vector<float> f(free_lg.begin(), free_lg.end());
+    int32_t best = ids[0];
+    for (int32_t id : ids)
+      if (f[size_t(id)] > f[size_t(best)]) best = id;
+    for (int s = 1; s < nseq; ++s) {
+      auto lg = gpu->last_logits(s);
+      ASSERT_EQ(int(lg.size()), V);
+      for (int id = 0; id < V; ++id) {
+        const bool ok = std::find(ids.begin(), ids.end(), id) != ids.end();
+        ASSERT_EQ(std::isinf(lg[size_t(id)]) && lg[size_t(id)] < 0, !ok) << "row " << s << " id " << id;
+      }
+      EXPECT_NE(std::find(ids.begin(), ids.end(), out[s].token), ids.end()) << out[s].token;
+    }
+    EXPECT_EQ(out[1].token, best);
+    fed[0] = out[0].token;
+  }
+}

@@ -62,6 +62,24 @@ TEST(Sampler, BannedTokensAreNeverPicked) {
   }
 }
 
+// A constrained row (SeqStep::allowed): every id outside the bits gets -inf after the bans; when the bans
+// leave no allowed id, the row stays as the bans left it (never all -inf).
+TEST(Sampler, AllowedIdsMaskTheRest) {
+  const std::vector<uint64_t> bits = {(1ull << 2) | (1ull << 70 % 64), 1ull << (70 % 64)};  // ids 2, 6, 70
+  std::vector<int32_t> scratch;
+  mx::SeqStep q;
+  q.allowed = bits;
+  std::vector<float> l(100, 1.f);
+  l[2] = -3.f;
+  mx::adjust_row_logits(l.data(), 100, q, scratch);
+  for (int id = 0; id < 100; ++id) EXPECT_EQ(std::isinf(l[size_t(id)]), id != 2 && id != 6 && id != 70) << id;
+  const std::vector<int32_t> ban = {2, 6, 70};
+  q.banned = ban;
+  std::vector<float> m(100, 1.f);
+  mx::adjust_row_logits(m.data(), 100, q, scratch);
+  for (int id = 0; id < 100; ++id) EXPECT_EQ(std::isinf(m[size_t(id)]), id == 2 || id == 6 || id == 70) << id;
+}
+
 TEST(Sampler, LogitBiasIsAddedToItsIds) {
   std::vector<float> l = {0.5f, 3.0f, 2.0f, 2.5f};
   const std::vector<mx::LogitBias> bias = {{0, 4.0f}, {1, -100.f}, {7, 50.f}, {-2, 1.f}};  // out of range: ignored

@@ -12,6 +12,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
   const std::vector<int32_t> t0{5, 6, 7}, b0{3, 1}, s0{-1, 9}, t1{42}, b1{8}, ban1{200002, 200012};
   const std::vector<LogitBias> bias0{{7, -100.f}, {200001, 2.5f}};
   const std::vector<int32_t> hist1{1, 2, 3, 42};
+  const std::vector<uint64_t> allow1{0x5ull, ~0ull, 1ull << 63};
   std::vector<SeqStep> in(3);
   in[0].seq_id = 11;
   in[0].tokens = t0;
@@ -29,6 +30,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
   in[1].banned = ban1;
   in[1].history = hist1;
   in[1].prompt_len = 3;
+  in[1].allowed = allow1;
   in[1].sampling.presence_penalty = 0.5f;
   in[1].sampling.frequency_penalty = -1.25f;
   in[1].sampling.repetition_penalty = 1.3f;
@@ -52,6 +54,7 @@ TEST(StepWire, RoundTripKeepsEveryField) {
     EXPECT_EQ(std::vector<int32_t>(a.banned.begin(), a.banned.end()), std::vector<int32_t>(b.banned.begin(), b.banned.end()));
     EXPECT_EQ(std::vector<int32_t>(a.history.begin(), a.history.end()), std::vector<int32_t>(b.history.begin(), b.history.end()));
     EXPECT_EQ(a.prompt_len, b.prompt_len);
+    EXPECT_EQ(std::vector<uint64_t>(a.allowed.begin(), a.allowed.end()), std::vector<uint64_t>(b.allowed.begin(), b.allowed.end()));
     EXPECT_EQ(a.sampling.presence_penalty, b.sampling.presence_penalty);
     EXPECT_EQ(a.sampling.frequency_penalty, b.sampling.frequency_penalty);
     EXPECT_EQ(a.sampling.repetition_penalty, b.sampling.repetition_penalty);

@@ -106,9 +106,12 @@ test('tool definitions are accepted, with tool_choice auto and none', async () =
   }
 });
 
-test('response_format text (the default some SDKs send) is accepted', async () => {
-  const r = await oa.chat.completions.create({ model: MODEL, messages: user('Hi'), response_format: { type: 'text' }, max_tokens: 4 });
-  assert.ok(FINISH.includes(r.choices[0].finish_reason));
+test('response_format text, json_object and json_schema are accepted', async () => {
+  for (const response_format of [{ type: 'text' }, { type: 'json_object' },
+    { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: { type: 'object', properties: { name: { type: 'string' } } } } }]) {
+    const r = await oa.chat.completions.create({ model: MODEL, messages: user('Hi'), response_format, max_tokens: 8 });
+    assert.ok(FINISH.includes(r.choices[0].finish_reason));
+  }
 });
 
 test('tool-call round trip history (assistant tool_calls + tool message) is accepted', async () => {

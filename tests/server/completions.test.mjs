@@ -114,3 +114,15 @@ test('min_tokens: no stop token or stop string ends the text before it', async (
     assert.equal(text.usage.completion_tokens, 4);
   }
 });
+
+// response_format json_object holds a raw completion to JSON from its first token: the tiny random model's
+// text begins an object, and one that stops is a whole object.
+test('response_format json_object: the completion is JSON', async () => {
+  for (const seed of [1, 2, 3]) {
+    const r = await oa.completions.create({ model: MODEL, prompt: 'Data:', max_tokens: 24, temperature: 1, seed,
+      response_format: { type: 'json_object' } });
+    const c = r.choices[0];
+    assert.match(c.text, /^\s*\{/);
+    if (c.finish_reason === 'stop') assert.equal(typeof JSON.parse(c.text), 'object');
+  }
+});

@@ -122,6 +122,35 @@ TEST(HarmonyRender, TypeScriptSchemas) {
   EXPECT_NE(r.text.find(want), std::string::npos) << r.text;
 }
 
+// response_format json_schema: the harmony guide's "# Response Formats" section ends the developer
+// message, after the instructions or the tools, or alone; json_object adds nothing to the prompt.
+TEST(HarmonyRender, ResponseFormatSection) {
+  NEED_TOK();
+  const std::string rf =
+      R"("response_format":{"type":"json_schema","json_schema":{"name":"shopping_list","description":"Items.",
+        "schema":{"type":"object","properties":{"items":{"type":"array","items":{"type":"string"}}}}}})";
+  Rendered a = render_chat(chat_request_from_json(json::parse(
+                               R"({"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"x"}],)" + rf + "}")),
+                           *tok);
+  EXPECT_NE(a.text.find("<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Response Formats\n\n"
+                        "## shopping_list\n\n// Items.\n"
+                        R"({"properties":{"items":{"items":{"type":"string"},"type":"array"}},"type":"object"}<|end|>)"),
+            std::string::npos)
+      << a.text;
+  Rendered b = render_chat(chat_request_from_json(json::parse(R"({"messages":[{"role":"user","content":"x"}],)" + rf + "}")), *tok);
+  EXPECT_NE(b.text.find("<|start|>developer<|message|># Response Formats\n\n## shopping_list"), std::string::npos) << b.text;
+  Rendered c = render_chat(
+      chat_request_from_json(json::parse(R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",
+        "function":{"name":"g"}}],)" + rf + "}")),
+      *tok);
+  EXPECT_NE(c.text.find("} // namespace functions\n\n# Response Formats\n\n## shopping_list"), std::string::npos) << c.text;
+  Rendered d = render_chat(chat_request_from_json(json::parse(
+                               R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})")),
+                           *tok);
+  EXPECT_EQ(d.text.find("developer"), std::string::npos);
+  EXPECT_EQ(tok->decode(a.tokens), a.text);
+}
+
 TEST(HarmonyRequest, Errors) {
   EXPECT_EQ(param_of(json::parse("[]")), "");
   EXPECT_EQ(param_of(json::parse("{}")), "messages");

@@ -54,7 +54,15 @@ class FakeRunner : public ModelRunner {
       EXPECT_TRUE(s.sample || !s.expect_next) << "a step that samples nothing expects no next token";
       if (s.sample) {
         int32_t tok = (s.tokens.back() + 1) % 1000;
-        while (std::find(s.banned.begin(), s.banned.end(), tok) != s.banned.end()) tok = (tok + 1) % 1000;  // as masked
+        auto allowed = [&](int32_t t) { return s.allowed.empty() || (s.allowed[size_t(t) / 64] >> (t % 64) & 1); };
+        for (int tries = 0; std::find(s.banned.begin(), s.banned.end(), tok) != s.banned.end() || !allowed(tok); ++tries) {
+          tok = (tok + 1) % 1000;  // as masked
+          if (tries == 1000) {  // nothing allowed below 1000: the first allowed id
+            tok = 0;
+            while (size_t(tok) / 64 < s.allowed.size() && !allowed(tok)) ++tok;
+            break;
+          }
+        }
         banned_sizes.push_back(int(s.banned.size()));
         out[i].token = tok;
         out[i].logprob = -float(d % 100003);

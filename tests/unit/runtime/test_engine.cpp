@@ -123,6 +123,36 @@ TEST(Engine, MinTokensBansStopTokensUntilReached) {
   EXPECT_EQ(e.stats().running, 0);
 }
 
+// A request's TokenConstraint: its allowed ids reach the runner before each sampled token (here: ids
+// that are multiples of 3 once three tokens were accepted), and each generated token is accepted in order.
+TEST(Engine, ConstraintMasksEachSampledToken) {
+  struct Threes : TokenConstraint {
+    std::vector<uint64_t> bits = std::vector<uint64_t>(16, 0);
+    std::vector<int32_t> seen;
+    Threes() {
+      for (int id = 0; id < 1000; id += 3) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+    }
+    std::span<const uint64_t> allowed() override {
+      return seen.size() < 3 ? std::span<const uint64_t>{} : std::span<const uint64_t>(bits);
+    }
+    void accept(int32_t t) override { seen.push_back(t); }
+  };
+  FakeRunner r(64);
+  Engine e(r, {});
+  auto ch = std::make_shared<Channel>();
+  auto c = std::make_shared<Threes>();
+  GenRequest g;
+  g.prompt = {0, 1, 2, 3};
+  g.max_tokens = 6;
+  g.constraint = c;
+  ASSERT_TRUE(e.submit(g, ch));
+  for (int i = 0; i < 20 && e.step(); ++i) {}
+  const std::vector<int32_t> want = {4, 5, 6, 9, 12, 15};  // free three, then the next multiple of 3
+  FinishReason fin = FinishReason::kNone;
+  EXPECT_EQ(drain(*ch, &fin), want);
+  EXPECT_EQ(c->seen, want);
+}
+
 // While streams decode, a step takes at most max_prefill_tokens_with_decodes prompt tokens; with
 // nothing decoding it takes the whole budget.
 TEST(Engine, PrefillChunksAreShortWhileDecoding) {

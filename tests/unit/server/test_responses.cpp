@@ -24,6 +24,18 @@ std::string bad_param(const std::string& body_text, const ResponseStore& store =
   return "<accepted>";
 }
 
+// text.format is the chat's response_format (json_schema's fields under json_schema), echoed back as given.
+TEST(Responses, TextFormatBecomesResponseFormat) {
+  const json body = json::parse(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n",
+    "schema": {"type": "object"}, "strict": true}}})");
+  const ResponsesRequest r = parse_responses_request(body, ResponseStore{});
+  EXPECT_EQ(r.chat_body["response_format"],
+            json::parse(R"({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}, "strict": true}})"));
+  EXPECT_EQ(r.echo["text"]["format"], body["text"]["format"]);
+  const ResponsesRequest o = parse_responses_request(json::parse(R"({"input": "x", "text": {"format": {"type": "json_object"}}})"), ResponseStore{});
+  EXPECT_EQ(o.chat_body["response_format"], json::parse(R"({"type": "json_object"})"));
+}
+
 TEST(Responses, StringInputWithInstructionsAndTools) {
   ResponseStore store;
   ResponsesRequest r = parse_responses_request(
@@ -83,7 +95,12 @@ TEST(Responses, BadInputNamesTheParameter) {
   EXPECT_EQ(bad_param(R"({"input": "x", "reasoning": {"effort": "max"}})"), "reasoning_effort");
   EXPECT_EQ(bad_param(R"({"input": "x", "stream": "yes"})"), "stream");
   EXPECT_EQ(bad_param(R"({"input": "x", "store": 1})"), "store");
-  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})"), "text.format");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "json_schema"}}})"), "text.format.name");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}})"), "text.format.schema");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "xml"}}})"), "text.format.type");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "json_object"}}})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "n", "schema": {}}}})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"input": "x", "text": 5})"), "text");
   EXPECT_EQ(bad_param(R"({"input": "x", "instructions": 3})"), "instructions");
   EXPECT_EQ(bad_param(R"({"input": "x", "previous_response_id": 3})"), "previous_response_id");
   EXPECT_EQ(bad_param(R"({"input": "x", "parallel_tool_calls": "no"})"), "parallel_tool_calls");

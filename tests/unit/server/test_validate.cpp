@@ -61,10 +61,21 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"ignore_eos":"true"})"), "ignore_eos");
   EXPECT_EQ(bad_param(R"({"ignore_eos":true})", false), "<accepted>");
   EXPECT_EQ(bad_param(R"({"response_format":{"type":"text"}})"), "<accepted>");  // the default, sent by some SDKs
-  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_object"}})"), "response_format");
-  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_schema","json_schema":{"name":"x"}}})"), "response_format");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_object"}})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_schema","json_schema":{"name":"x-1_Y","schema":{},"strict":true}}})"),
+            "<accepted>");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_schema","json_schema":{"name":"x"}}})"),
+            "response_format.json_schema.schema");  // row 28
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}})"),
+            "response_format.json_schema.name");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_schema","json_schema":{"schema":{}}}})"),
+            "response_format.json_schema.name");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_schema"}})"), "response_format.json_schema");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"xml"}})"), "response_format");
   EXPECT_EQ(bad_param(R"({"response_format":"text"})"), "response_format");
   EXPECT_EQ(bad_param(R"({"response_format":{}})"), "response_format");
+  EXPECT_FALSE(parse_common(json::parse(R"({"response_format":{"type":"text"}})"), true, Limits{}).json_output);
+  EXPECT_TRUE(parse_common(json::parse(R"({"response_format":{"type":"json_object"}})"), true, Limits{}).json_output);
   EXPECT_EQ(bad_param(R"({"guided_json":{}})"), "guided_json");
   json many = {{"stop", json::array()}};
   for (int i = 0; i < 1000; ++i) many["stop"].push_back("x");
