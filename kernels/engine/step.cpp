@@ -338,7 +338,9 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
     const SeqStep& q = seqs[i];
     const SeqStep& a = ahead_.steps[i];
     // (A greedy row's pick does not depend on its random stream.)
+    // (A row constrained now, structured output's final channel opening, was picked ahead without its mask.)
     if (q.seq_id != a.seq_id || q.tokens.size() != 1 || q.tokens[0] != ahead_.fed[i] || q.start_pos != a.start_pos ||
+        !q.allowed.empty() ||
         !q.sample || !same_sampling(q.sampling, a.sampling) || (q.sampling.temperature > 0.f && q.rng_step != a.rng_step) ||
         !std::equal(q.banned.begin(), q.banned.end(), a.banned.begin(), a.banned.end()) ||
         !std::equal(q.logit_bias.begin(), q.logit_bias.end(), a.logit_bias.begin(), a.logit_bias.end(),

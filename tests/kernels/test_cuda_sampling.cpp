@@ -217,6 +217,8 @@ AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban
   std::vector<int32_t> prompt(P);
   for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
   const std::vector<mx::LogitBias> bias5 = {{cfg.vocab_size - 7, 100.f}};
+  std::vector<uint64_t> only6(size_t(cfg.vocab_size + 63) / 64, 0);  // the one id cfg.vocab_size - 5
+  only6[size_t(cfg.vocab_size - 5) / 64] |= uint64_t(1) << ((cfg.vocab_size - 5) % 64);
   AheadRun r;
   std::vector<int32_t> last(nseq);
   int live = nseq;
@@ -242,6 +244,7 @@ AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban
       q.expect_next = st < steps;
       if (scenario == 5 && s < 2 && st < 8) q.banned = ban;  // 5: rows 0 and 1 banned until their min_tokens,
       if (scenario == 5 && s == 2) q.logit_bias = bias5;      // row 2 biased throughout
+      if (scenario == 6 && s == 0 && st >= 6) q.allowed = only6;  // 6: row 0 constrained from step 6 on
     }
     std::vector<mx::SampleResult> out(live);
     gpu->step(seqs, out);
@@ -298,6 +301,19 @@ TEST(CudaRunner, DecodeAheadWithBannedTokens) {
   for (size_t i = 2; i < want.tok.size(); i += nseq) EXPECT_EQ(want.tok[i], want.tok[2]);  // row 2: the +100 bias
   EXPECT_EQ(got.launched, got.used + 1);  // the step enqueued with the bans that lifted
   EXPECT_GT(got.used, 10u);
+}
+
+// A row constrained from a step on (scenario 6: structured output's final channel opening) was picked ahead
+// without its mask: that step is dropped, and the tokens are those of steps run one at a time, the
+// constrained row's its one allowed id.
+TEST(CudaRunner, DecodeAheadDropsARowConstrainedSince) {
+  const int nseq = 3, V = mx::load_model_config(e2e_fixture("mini")).vocab_size;
+  const AheadRun want = decode_ahead_run(false, 6), got = decode_ahead_run(true, 6);
+  EXPECT_EQ(got.tok, want.tok);
+  ASSERT_EQ(got.lp.size(), want.lp.size());
+  EXPECT_EQ(std::memcmp(got.lp.data(), want.lp.data(), got.lp.size() * 4), 0);
+  for (size_t st = 6; st * nseq < want.tok.size(); ++st) EXPECT_EQ(want.tok[st * nseq], V - 5) << "step " << st;
+  EXPECT_GT(got.used, 0u);
 }
 
 // Penalized rows (presence / frequency / repetition) are adjusted on the GPU before the pick: their copied
