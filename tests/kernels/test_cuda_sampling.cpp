@@ -25,6 +25,41 @@ using mx::test::small_options;
 using mx::test::to_dev;
 using mx::test::from_dev;
 
+// The mini model's sampling runs: nseq sequences of one 6-token prompt, blocks of 4 over 12 positions
+// (each sequence its own full and sliding blocks), logits kept.
+struct MiniRows {
+  std::string dir = e2e_fixture("mini");
+  mx::ModelConfig cfg = mx::load_model_config(dir);
+  int nseq, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
+  mx::CudaEngineOptions opt;
+  std::vector<int32_t> prompt;
+  std::vector<std::vector<int32_t>> bt, sw;
+  explicit MiniRows(int n) : nseq(n), opt(small_options(dir, n, N, bs, 64, 2 * nblk * n + 2)), prompt(size_t(P)), bt(n), sw(n) {
+    opt.keep_logits = true;
+    for (int i = 0; i < P; ++i) prompt[size_t(i)] = (i * 7919 + 13) % V;
+    for (int s = 0; s < n; ++s)
+      for (int b = 0; b < nblk; ++b) {
+        bt[size_t(s)].push_back(b * n + s);
+        sw[size_t(s)].push_back(nblk * n + b * n + s);
+      }
+  }
+  // Row s of step st: the prompt (step 0) or the fed token at position P, sampled greedily but row 2 at
+  // temperature 0.8 (seed 3).
+  mx::SeqStep row(int s, int st, std::span<const int32_t> fed) const {
+    mx::SeqStep q;
+    q.seq_id = s;
+    q.tokens = st == 0 ? std::span<const int32_t>(prompt) : fed;
+    q.start_pos = st == 0 ? 0 : P;
+    q.block_table = bt[size_t(s)];
+    q.sliding_table = sw[size_t(s)];
+    q.sample = true;
+    q.sampling.temperature = s == 2 ? 0.8f : 0.f;
+    q.sampling.seed = 3;
+    q.rng_step = uint64_t(st);
+    return q;
+  }
+};
+
 // The GPU's temperature draw (Gumbel-max in the pick kernel) over one row of logits.
 int32_t gpu_draw(const std::vector<float>& row, float temperature, uint64_t key) {
   const int V = int(row.size());
@@ -115,20 +150,13 @@ TEST(CudaRunner, FilteredSamplingOnGpuMatchesReference) {
 // (step 1). A row whose adjustments do not fit the step's list (MemoryPlan::kAdjPerRow a row of
 // max_num_seqs) samples on the host, adjusted there. Either way the banned id is never picked and the copied logits hold -inf there.
 TEST(CudaRunner, BannedTokensAreNeverSampled) {
-  const std::string dir = e2e_fixture("mini");
-  const mx::ModelConfig cfg = mx::load_model_config(dir);
-  const int nseq = 7, P = 6, bs = 4, N = 12, nblk = N / bs;
-  mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
-  opt.keep_logits = true;
+  const MiniRows m(7);
+  const int nseq = m.nseq, P = m.P;
+  const mx::ModelConfig& cfg = m.cfg;
+  const mx::CudaEngineOptions& opt = m.opt;
+  const auto &bt = m.bt, &sw = m.sw;
+  const std::vector<int32_t>& prompt = m.prompt;
   auto gpu = mx::make_cuda_runner(opt);
-  std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
-  for (int s = 0; s < nseq; ++s)
-    for (int b = 0; b < nblk; ++b) {
-      bt[s].push_back(b * nseq + s);
-      sw[s].push_back(nblk * nseq + b * nseq + s);
-    }
-  std::vector<int32_t> prompt(P);
-  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % cfg.vocab_size;
   std::vector<int32_t> ban, many, fed(nseq);
   std::vector<mx::LogitBias> bias, bias4;
   int32_t forced = 0, forced4 = 0;
@@ -323,38 +351,21 @@ TEST(CudaRunner, DecodeAheadDropsARowConstrainedSince) {
 // without penalties in the same step keeps its pick. The prefill forward (step 0) and a decode graph (step 1),
 // fed the same tokens in both runs.
 TEST(CudaRunner, PenalizedRowsSampleOnTheGpu) {
-  const std::string dir = e2e_fixture("mini");
-  const mx::ModelConfig cfg = mx::load_model_config(dir);
-  const int nseq = 4, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
-  mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
-  opt.keep_logits = true;
-  std::vector<int32_t> prompt(P), fed(nseq), hist;
-  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % V;
+  const MiniRows m(4);
+  const int nseq = m.nseq, P = m.P, V = m.V;
+  const std::vector<int32_t>& prompt = m.prompt;
+  std::vector<int32_t> fed(nseq), hist;
   struct Run { std::vector<mx::SampleResult> out; std::vector<std::vector<float>> logits; };
   auto run = [&](bool penalize) {
     std::vector<Run> runs(2);
-    auto gpu = mx::make_cuda_runner(opt);
+    auto gpu = mx::make_cuda_runner(m.opt);
     for (int st = 0; st < 2; ++st) {
       hist = prompt;
       if (st == 1) hist.push_back(fed[0]);
       std::vector<mx::SeqStep> seqs(nseq);
-      std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
       for (int s = 0; s < nseq; ++s) {
-        for (int b = 0; b < nblk; ++b) {
-          bt[s].push_back(b * nseq + s);
-          sw[s].push_back(nblk * nseq + b * nseq + s);
-        }
-        mx::SeqStep& q = seqs[s];
-        q.seq_id = s;
-        q.tokens = st == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(&fed[0], 1);
-        q.start_pos = st == 0 ? 0 : P;
-        q.block_table = bt[s];
-        q.sliding_table = sw[s];
-        q.sample = true;
-        q.sampling.temperature = s == 2 ? 0.8f : 0.f;
-        q.sampling.seed = 3;
+        mx::SeqStep& q = seqs[s] = m.row(s, st, std::span<const int32_t>(&fed[0], 1));
         if (s == 3) q.sampling.top_logprobs = 2;
-        q.rng_step = uint64_t(st);
         if (penalize && s > 0) {
           q.sampling.presence_penalty = 0.5f;
           q.sampling.frequency_penalty = 0.25f;
@@ -408,38 +419,19 @@ TEST(CudaRunner, PenalizedRowsSampleOnTheGpu) {
 // and fed token in every row), a temperature row draws an allowed id; on the prefill forward (step 0) and
 // in a decode step (step 1).
 TEST(CudaRunner, ConstrainedRowsSampleOnTheHost) {
-  const std::string dir = e2e_fixture("mini");
-  const mx::ModelConfig cfg = mx::load_model_config(dir);
-  const int nseq = 3, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
-  mx::CudaEngineOptions opt = small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
-  opt.keep_logits = true;
-  auto gpu = mx::make_cuda_runner(opt);
+  const MiniRows m(3);
+  const int nseq = m.nseq, V = m.V;
+  auto gpu = mx::make_cuda_runner(m.opt);
   const std::vector<int32_t> ids = {5, 77, 1000, V - 2};
   std::vector<uint64_t> bits(size_t(V + 63) / 64, 0);
   for (int32_t id : ids) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
-  std::vector<int32_t> prompt(P), fed(1);
-  for (int i = 0; i < P; ++i) prompt[i] = (i * 7919 + 13) % V;
-  std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
-  for (int s = 0; s < nseq; ++s)
-    for (int b = 0; b < nblk; ++b) {
-      bt[s].push_back(b * nseq + s);
-      sw[s].push_back(nblk * nseq + b * nseq + s);
-    }
+  std::vector<int32_t> fed(1);
   for (int st = 0; st < 2; ++st) {
     SCOPED_TRACE("step " + std::to_string(st));
     std::vector<mx::SeqStep> seqs(nseq);
     for (int s = 0; s < nseq; ++s) {
-      mx::SeqStep& q = seqs[s];
-      q.seq_id = s;
-      q.tokens = st == 0 ? std::span<const int32_t>(prompt) : std::span<const int32_t>(fed);
-      q.start_pos = st == 0 ? 0 : P;
-      q.block_table = bt[s];
-      q.sliding_table = sw[s];
-      q.sample = true;
-      q.sampling.temperature = s == 2 ? 0.8f : 0.f;
-      q.sampling.seed = 3;
-      q.rng_step = uint64_t(st);
-      if (s > 0) q.allowed = bits;
+      seqs[s] = m.row(s, st, fed);
+      if (s > 0) seqs[s].allowed = bits;
     }
     std::vector<mx::SampleResult> out(nseq);
     gpu->step(seqs, out);
