@@ -214,7 +214,8 @@ JsonTokenMask::JsonTokenMask(std::shared_ptr<const Tokenizer> tok, std::vector<i
 }
 
 void JsonTokenMask::walk(const Sorted& list, const JsonState& s, std::vector<uint64_t>& bits) const {
-  std::vector<JsonState> st(max_len_ + 1);
+  thread_local std::vector<JsonState> st;  // a state a prefix byte; no allocation after a thread's first walk
+  st.resize(max_len_ + 1);
   st[0] = s;
   constexpr int kNone = 1 << 30;
   int have = 0;     // st[0..have] are the states after the current prefix's first bytes
@@ -263,10 +264,10 @@ std::span<const uint64_t> FinalChannelJson::allowed() {
     mask_->allowed(state_, bits_);
     cached_ = state_;
     have_cache_ = true;
+    // (Never nothing: byte tokens continue any valid prefix, but a mask with no bit must not starve a row.)
+    any_ = std::any_of(bits_.begin(), bits_.end(), [](uint64_t w) { return w != 0; });
   }
-  // (Never nothing: byte tokens continue any valid prefix, but a mask with no bit must not starve a row.)
-  if (std::all_of(bits_.begin(), bits_.end(), [](uint64_t w) { return w == 0; })) return {};
-  return bits_;
+  return any_ ? std::span<const uint64_t>(bits_) : std::span<const uint64_t>{};
 }
 
 void FinalChannelJson::accept(int32_t token) {

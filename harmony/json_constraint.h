@@ -83,6 +83,7 @@ class FinalChannelJson {
   JsonState state_;
   JsonState cached_;  // the state bits_ were computed for (strings keep one state over many tokens)
   bool have_cache_ = false;
+  bool any_ = false;  // bits_ has an id set
   std::vector<uint64_t> bits_;
 };
 
