@@ -229,6 +229,22 @@ __global__ void adjust_logits_k(float* lg, int stride, int id0, int n_ids, const
   }
 }
 
+__global__ void mask_logits_k(float* lg, int stride, int id0, int n_ids, const int32_t* mask, int slots, int words,
+                              int s0, int S) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int k = blockIdx.y;
+  if (k >= mask[0]) return;
+  const int s = mask[1 + k] - s0;
+  if (s < 0 || s >= S) return;
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(mask + 1 + slots) + size_t(k) * words;
+  float* row = lg + size_t(s) * stride;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_ids; i += gridDim.x * blockDim.x) {
+    const int id = id0 + i;
+    if (id >= words * 32 || !(bits[id >> 5] >> (id & 31) & 1u)) row[i] = -INFINITY;  // (a slice's padding too)
+  }
+}
+
 __global__ void fill_bf16_k(uint16_t* p, size_t n, float scale, float offset, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     float u = float(mix64(seed + i * 0x9e3779b97f4a7c15ull) >> 40) * (1.0f / 16777216.0f);
@@ -289,6 +305,14 @@ void launch_argmax_logprob(const float* lg, int S, int V, int V_limit, int32_t* 
   launch_argmax_parts(lg, S, V, V_limit, 0, nchunks, scratch, s, inv_temp, key);
   launch_argmax_merge(scratch, 1, S, nchunks, tok, lp, s, tok_dev);
 }
+void launch_mask_logits(float* logits, int stride, int id0, int n_ids, const int32_t* mask, int slots, int words,
+                        int s0, int S, cudaStream_t s) {
+  // 16 CTAs a slot over the vocabulary; slots past the step's count, or of rows outside [s0, s0 + S) (a
+  // decode chunk), return at once.
+  if (S > 0 && slots > 0)
+    launch_pdl(mask_logits_k, dim3(16, slots), dim3(256), 0, s, logits, stride, id0, n_ids, mask, slots, words, s0, S);
+}
+
 void launch_adjust_logits(float* logits, int stride, int id0, int n_ids, const int32_t* adj, int s0, int S,
                           cudaStream_t s) {
   // The count is read on the device (a graph replays any list): 8 CTAs cover a wide step's lists.

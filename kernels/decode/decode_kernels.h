@@ -70,6 +70,11 @@ void launch_argmax_merge(const float* parts, int ranks, int S, int nchunks, int3
 constexpr int kAdjustWords = 5;
 void launch_adjust_logits(float* logits, int stride, int id0, int n_ids, const int32_t* adj, int s0, int S,
                           cudaStream_t s);
+// Constrained rows (structured output's allowed ids), after the adjustments: mask[0] rows (on the device),
+// their row indices in mask[1, 1 + slots), then each one's bits (`words` uint32, bit id % 32 of word id / 32)
+// from mask + 1 + slots; every id of the slice [id0, id0 + n_ids) whose bit is clear gets -inf.
+void launch_mask_logits(float* logits, int stride, int id0, int n_ids, const int32_t* mask, int slots, int words,
+                        int s0, int S, cudaStream_t s);
 // Random bf16 in [-scale, scale) / random bytes, generated on the device (dummy weights).
 void launch_fill_random_bf16(uint16_t* p, size_t n, float scale, float offset, uint64_t seed, cudaStream_t s);
 void launch_fill_random_u8(uint8_t* p, size_t n, uint8_t lo, uint8_t span, uint64_t seed, cudaStream_t s);

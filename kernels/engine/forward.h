@@ -27,7 +27,8 @@ struct StepView {
   int num_sampled = 0;             // S
   bool attn_long = false;          // a context past the tensor-core attention's one pass: full layers use registers
   bool full_logits = false;        // tensor parallel: the step reads logits [S, V] after the pick (gathered)
-  bool adjust = false;             // logit adjustments (StepMeta::adj: biases, bans) before the pick
+  bool adjust = false;             // logit adjustments and masks (StepMeta::adj, mask) before the pick
+  int mask_slots = 0, mask_words = 0;  // StepMeta::mask's layout (MemoryPlan)
 };
 
 // One sequence's rows in a prefill step: first token row, token count, block-table offsets of the

@@ -297,9 +297,15 @@ void Forward::final_logits(const StepView& st, const float* x, const float* y_sl
   const bool split = tp() && !st.full_logits;
   float* own = lm_head(logits, s0, S, !split);
   mark("lm_head", double(lm_head_bytes(shape_)));
-  if (st.adjust) {  // on this rank's slice when split; every rank reads the same list
-    if (split) cuda::launch_adjust_logits(own, shape_.head_rows, shape_.vocab0, shape_.head_rows, st.dev->adj, s0, S, stream_);
-    else cuda::launch_adjust_logits(logits, V, 0, V, st.dev->adj, s0, S, stream_);
+  if (st.adjust) {  // on this rank's slice when split; every rank reads the same lists
+    const int slots = st.mask_slots, words = st.mask_words;
+    if (split) {
+      cuda::launch_adjust_logits(own, shape_.head_rows, shape_.vocab0, shape_.head_rows, st.dev->adj, s0, S, stream_);
+      cuda::launch_mask_logits(own, shape_.head_rows, shape_.vocab0, shape_.head_rows, st.dev->mask, slots, words, s0, S, stream_);
+    } else {
+      cuda::launch_adjust_logits(logits, V, 0, V, st.dev->adj, s0, S, stream_);
+      cuda::launch_mask_logits(logits, V, 0, V, st.dev->mask, slots, words, s0, S, stream_);
+    }
   }
   int32_t* tok = reinterpret_cast<int32_t*>(st.results) + s0;
   float* lp = st.results + st.num_sampled + s0;

@@ -60,7 +60,9 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   const int window_blocks =
       p.sliding_window > 0 ? std::min(len_blocks, (p.sliding_window - 1 + p.T + bs - 1) / bs + 1) : 0;
   p.bt_cap = p.S * len_blocks * (p.sliding_window > 0 ? 2 : 1) + p.T;
-  p.meta_bytes = size_t(p.meta_adj_off() + 1 + cuda::kAdjustWords * size_t(p.adj_cap())) * 4;
+  static_assert(cuda::kAdjustWords == 5, "meta_mask_off() counts five words an adjustment");
+  p.mask_words = (model.cfg.vocab_size + 31) / 32;
+  p.meta_bytes = (size_t(p.meta_mask_off()) + 1 + size_t(p.mask_slots()) * (1 + size_t(p.mask_words))) * 4;
   p.kv_spec.dtype = opt.kv_fp8 ? cuda::KvDtype::kFp8E4m3 : cuda::KvDtype::kBf16;
   if (opt.kv_fp8) {
     int dev = 0, major = 0, minor = 0;
@@ -135,6 +137,7 @@ StepMeta bind_step_meta(int32_t* base, const MemoryPlan& plan) {
   m.top_k = base + k + 5 * S;
   m.bt = base + plan.meta_tail();
   m.adj = base + plan.meta_adj_off();
+  m.mask = base + plan.meta_mask_off();
   return m;
 }
 

@@ -1,6 +1,7 @@
 // Everything the CUDA runner allocates, planned once at start-up (nothing allocates in the step loop):
 // the activation arena, the step metadata buffers, and the paged KV cache with its format.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -50,6 +51,9 @@ struct StepMeta {
   // logit_bias, -inf for a banned token, penalties; model/logit_adjust.h); at most MemoryPlan::adj_cap();
   // after the block tables, copied only by steps that have any.
   int32_t* adj;
+  // Constrained rows (SeqStep::allowed) masked on the GPU: mask[0] rows, their sampled-row indices in
+  // [1, 1 + mask_slots()), then each one's allowed bits (mask_words uint32); after the adjustments.
+  int32_t* mask;
 };
 
 // The paged KV cache: its format and one KvLayer per model layer. A block is a page of the full
@@ -88,6 +92,11 @@ struct MemoryPlan {
   static constexpr int kAdjPerRow = 2048;
   int adj_cap() const { return kAdjPerRow * S; }
   int meta_adj_off() const { return meta_tail() + bt_cap; }
+  // Constrained rows a step masked on the GPU (25 KB of bits each); the rest sample on the host.
+  static constexpr int kMaskRows = 64;
+  int mask_words = 0;  // uint32 words of one row's bits: the vocabulary / 32, rounded up
+  int mask_slots() const { return std::min(S, kMaskRows); }
+  int meta_mask_off() const { return meta_adj_off() + 1 + 5 * adj_cap(); }
 };
 
 // Sizes every buffer and the KV cache from the options and the free device memory; fails with the

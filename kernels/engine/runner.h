@@ -32,6 +32,8 @@ namespace mx {
 struct StepPlan {
   int M = 0, S = 0, nbt = 0, n_decode = 0;
   int nadj = 0;              // logit adjustments made on the GPU (StepMeta::adj)
+  int nmask = 0;             // constrained rows masked on the GPU (StepMeta::mask)
+  bool adjusts() const { return nadj > 0 || nmask > 0; }
   int parity = 0;            // its host metadata, device metadata, result slots, event and graphs
   bool filters = false;      // GPU top-k / top-p / min-p after the pick
   bool need_logits = false;  // logits copied to the host (host sampling or keep_logits)
@@ -150,11 +152,12 @@ class CudaRunner final : public CudaRunnerBase {
   void capture_wide_step(const StepPlan& pl, const WideGraphKey& k);
   WideGraphKey wide_key(const StepPlan& pl, const StepView& st) const;
   void pad_wide_step(StepPlan& pl);
+  void mask_row(const StepMeta& h, int slot, int row, std::span<const uint64_t> allowed) const;
   // Steps of fewer tokens (or heads other than 64 wide) run the decode forward in chunks of 8.
   bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }
   // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.
   bool full_logits(const StepPlan& pl) const { return opt_.tp.size > 1 && (pl.filters || pl.need_logits); }
-  GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl), pl.nadj > 0}; }
+  GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl), pl.adjusts()}; }
   void wait_step(const StepPlan& pl);  // until the step's last kernel is done
 
   CudaEngineOptions opt_;

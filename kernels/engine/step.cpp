@@ -86,13 +86,13 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   MX_CUDA(cudaEventSynchronize(copied_[parity]));
   pl.M = pl.S = pl.nbt = pl.n_decode = 0;
   pl.parity = parity;
-  pl.nadj = 0;
+  pl.nadj = pl.nmask = 0;
   pl.filters = pl.need_logits = pl.graph = pl.wide_graph = pl.attn_long = false;
   pl.sample_seq.clear();
   pl.host_pick.clear();
   pl.layout.clear();
   const StepMeta& h = hmeta_[parity];
-  int M = 0, S = 0, nbt = 0, n_decode = 0;
+  int M = 0, S = 0, nbt = 0, n_decode = 0, nmask = 0;
   adjust_.begin(reinterpret_cast<LogitAdjustEntry*>(h.adj + 1), plan_.adj_cap());
   for (size_t i = 0; i < seqs.size(); ++i) {
     const SeqStep& q = seqs[i];
@@ -144,7 +144,13 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
-      bool host = q.sampling.top_logprobs > 0 || !q.allowed.empty();
+      bool host = q.sampling.top_logprobs > 0;
+      if (!host && !q.allowed.empty()) {
+        // Masked on the GPU after the adjustments; with bans (which could leave no allowed id: the host
+        // then leaves the row unmasked) or past the slots, on the host.
+        host = !q.banned.empty() || nmask == plan_.mask_slots();
+        if (!host) mask_row(h, nmask++, S, q.allowed);
+      }
       if (!host && LogitAdjustBuilder::needed(q))
         host = !adjust_.add(S, q);
       pl.host_pick.push_back(host);
@@ -164,8 +170,9 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     }
   }
   const int nadj = adjust_.finish();
-  pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode; pl.nadj = nadj;
+  pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode; pl.nadj = nadj; pl.nmask = nmask;
   h.adj[0] = nadj;
+  h.mask[0] = nmask;
   int max_pos = 0;
   for (int i = 0; i < M; ++i) max_pos = std::max(max_pos, h.pos[i]);
   pl.attn_long = max_pos + 1 > cuda::attention_decode_mma_max_keys();
@@ -179,6 +186,17 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   // Padded on one GPU only until a TensorParallel case pads (every rank would plan the same rows).
   if (pl.wide_graph && opt_.tp.size == 1) pad_wide_step(pl);
   return pl;
+}
+
+// Slot `slot` of the step's masks: sampled row `row`'s allowed bits as uint32 words (each uint64 word's
+// halves, low first on this little-endian host: bit id % 32 of word id / 32).
+void CudaRunner::mask_row(const StepMeta& h, int slot, int row, std::span<const uint64_t> allowed) const {
+  const int words = plan_.mask_words;
+  h.mask[1 + slot] = row;
+  uint32_t* bits = reinterpret_cast<uint32_t*>(h.mask + 1 + plan_.mask_slots()) + size_t(slot) * words;
+  const size_t n = std::min(allowed.size() * 2, size_t(words));
+  std::memcpy(bits, allowed.data(), n * 4);
+  std::fill(bits + n, bits + words, 0u);
 }
 
 // A wide graph step's rows rounded up to a multiple of kWideGraphRows, so steps whose batch moves by a few
@@ -222,7 +240,9 @@ StepView CudaRunner::view(const StepPlan& pl) const {
   v.num_sampled = pl.S;
   v.attn_long = pl.attn_long;
   v.full_logits = full_logits(pl);
-  v.adjust = pl.nadj > 0;
+  v.adjust = pl.adjusts();
+  v.mask_slots = plan_.mask_slots();
+  v.mask_words = plan_.mask_words;
   return v;
 }
 
@@ -240,9 +260,13 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     MX_CUDA(cudaStreamWaitEvent(copy_stream_, done_[pl.parity], 0));
     MX_CUDA(cudaMemcpyAsync(d.tok, h.tok, size_t(plan_.meta_tail() + pl.nbt) * 4, cudaMemcpyHostToDevice,
                             copy_stream_));
-    if (pl.nadj > 0)
+    if (pl.adjusts()) {  // both counts, since the step's launches read both
       MX_CUDA(cudaMemcpyAsync(d.adj, h.adj, (1 + cuda::kAdjustWords * size_t(pl.nadj)) * 4, cudaMemcpyHostToDevice,
                               copy_stream_));
+      const size_t slots = size_t(plan_.mask_slots());
+      MX_CUDA(cudaMemcpyAsync(d.mask, h.mask, (1 + slots + size_t(pl.nmask) * plan_.mask_words) * 4,
+                              cudaMemcpyHostToDevice, copy_stream_));
+    }
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
     probe_.begin_step(stream_);
@@ -367,8 +391,9 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
   const int bs = opt_.block_size;
   for (const SeqStep& q : seqs) {
     const int next = q.start_pos + 1, b = next / bs;
-    // (A penalized row's next adjustments count the token this step picks.)
-    if (!q.expect_next || !q.sample || q.tokens.size() != 1 || next >= opt_.max_model_len || q.sampling.penalized())
+    // (A penalized row's next adjustments count the token this step picks; a constrained row's mask too.)
+    if (!q.expect_next || !q.sample || q.tokens.size() != 1 || next >= opt_.max_model_len || q.sampling.penalized() ||
+        !q.allowed.empty())
       return;
     if (int(q.block_table.size()) <= b || q.block_table[b] < 0 || q.block_table[b] >= kv_.num_blocks) return;
     if (kv_.sliding_window > 0 &&
@@ -414,7 +439,7 @@ void CudaRunner::run_decode_graph(const StepPlan& pl) {
 }
 
 WideGraphKey CudaRunner::wide_key(const StepPlan& pl, const StepView& st) const {
-  return {pl.M, pl.parity, pl.attn_long, full_logits(pl), pl.nadj > 0, forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
+  return {pl.M, pl.parity, pl.attn_long, full_logits(pl), pl.adjusts(), forward_->decode_row_splits(st, pl.layout, pl.n_decode)};
 }
 
 // A wide decode step: replayed where captured, else eager. Its key when its shape repeats the wide step

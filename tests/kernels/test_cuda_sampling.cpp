@@ -414,12 +414,13 @@ TEST(CudaRunner, PenalizedRowsSampleOnTheGpu) {
   }
 }
 
-// Constrained rows (SeqStep::allowed, structured output) sample on the host: their copied logits are -inf
-// outside the allowed ids, a greedy row takes the best allowed id of the free row's logits (the same prompt
-// and fed token in every row), a temperature row draws an allowed id; on the prefill forward (step 0) and
-// in a decode step (step 1).
-TEST(CudaRunner, ConstrainedRowsSampleOnTheHost) {
-  const MiniRows m(3);
+// Constrained rows (SeqStep::allowed, structured output) are masked on the GPU after the adjustments: their
+// copied logits are -inf outside the allowed ids, a greedy row takes the best allowed id of the free row's
+// logits (the same prompt and fed token in every row), a temperature row the pick kernel's draw over the
+// masked row; a constrained row that asks for top_logprobs samples on the host from the same masked row.
+// On the prefill forward (step 0) and a decode graph (step 1).
+TEST(CudaRunner, ConstrainedRowsSampleOnTheGpu) {
+  const MiniRows m(4);
   const int nseq = m.nseq, V = m.V;
   auto gpu = mx::make_cuda_runner(m.opt);
   const std::vector<int32_t> ids = {5, 77, 1000, V - 2};
@@ -432,6 +433,7 @@ TEST(CudaRunner, ConstrainedRowsSampleOnTheHost) {
     for (int s = 0; s < nseq; ++s) {
       seqs[s] = m.row(s, st, fed);
       if (s > 0) seqs[s].allowed = bits;
+      if (s == 3) seqs[s].sampling.top_logprobs = 2;
     }
     std::vector<mx::SampleResult> out(nseq);
     gpu->step(seqs, out);
@@ -450,6 +452,11 @@ TEST(CudaRunner, ConstrainedRowsSampleOnTheHost) {
       EXPECT_NE(std::find(ids.begin(), ids.end(), out[s].token), ids.end()) << out[s].token;
     }
     EXPECT_EQ(out[1].token, best);
+    EXPECT_EQ(out[3].token, best);
+    std::vector<float> masked = f;
+    for (int id = 0; id < V; ++id)
+      if (std::find(ids.begin(), ids.end(), id) == ids.end()) masked[size_t(id)] = -INFINITY;
+    EXPECT_EQ(out[2].token, gpu_draw(masked, 0.8f, mx::sample_stream_key(3, uint64_t(st))));
     fed[0] = out[0].token;
   }
 }

@@ -108,6 +108,54 @@ TEST(CudaKernels, AdjustLogitsThenPick) {
   }
 }
 
+// Constrained rows' masks (structured output): every id whose bit is clear gets -inf on the masked rows of
+// [s0, s0 + S), inside the slice [id0, id0 + n) (ids past the bits too), nothing else changes (exact); a
+// mask count below the slots leaves the other slots' rows alone; then the pick takes the best allowed id.
+TEST(CudaKernels, MaskLogitsThenPick) {
+  const int V = 5003, S = 4, s0 = 1, slots = 3, words = (V + 31) / 32;
+  std::vector<float> lg(size_t(S) * V);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> n(0, 2);
+  for (auto& v : lg) v = n(rng);
+  std::vector<int32_t> mask(size_t(1 + slots) + size_t(slots) * words, 0);
+  mask[0] = 2;             // two rows masked; slot 2 (row s0 + 3) is past the count
+  mask[1] = s0 + 2;        // slot 0: row 2 of the block
+  mask[2] = s0 + 0;        // slot 1: row 0
+  mask[3] = s0 + 3;
+  auto bits = [&](int slot) { return reinterpret_cast<uint32_t*>(mask.data() + 1 + slots) + size_t(slot) * words; };
+  for (int id : {7, 31, 32, 2500, 4999, V - 1}) bits(0)[id / 32] |= 1u << (id % 32);
+  for (int id = 1000; id < 3000; id += 3) bits(1)[id / 32] |= 1u << (id % 32);
+  for (int id = 0; id < V; ++id) bits(2)[id / 32] &= 0u;  // would mask everything, were it counted
+  for (int slice = 0; slice < 2; ++slice) {
+    SCOPED_TRACE(slice ? "slice [2000, 3500)" : "whole row");
+    const int id0 = slice ? 2000 : 0, nid = slice ? 1500 : V;
+    std::vector<float> want = lg;
+    for (int k = 0; k < mask[0]; ++k) {
+      const int s = mask[1 + k] - s0;
+      for (int id = id0; id < id0 + nid; ++id)
+        if (!(bits(k)[id / 32] >> (id % 32) & 1)) want[size_t(s) * V + id] = -INFINITY;
+    }
+    float* dlg = to_dev(lg);
+    int32_t* dmask = to_dev(mask);
+    mx::cuda::launch_mask_logits(dlg + id0, V, id0, nid, dmask, slots, words, s0, S, 0);
+    auto got = from_dev(dlg, lg.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0);
+    if (slice == 0) {
+      int32_t* dt; float* dl; float* dpart;
+      cudaMalloc(&dt, S * 4); cudaMalloc(&dl, S * 4); cudaMalloc(&dpart, mx::cuda::argmax_scratch_floats(S, V) * 4);
+      mx::cuda::launch_argmax_logprob(dlg, S, V, V, dt, dl, dpart, 0);
+      auto t = from_dev(dt, S);
+      for (int s = 0; s < S; ++s) {
+        const float* r = &want[size_t(s) * V];
+        EXPECT_EQ(t[s], int(std::max_element(r, r + V) - r)) << "row " << s;
+      }
+      EXPECT_TRUE(t[2] == 7 || t[2] == 31 || t[2] == 32 || t[2] == 2500 || t[2] == 4999 || t[2] == V - 1);
+      cudaFree(dt); cudaFree(dl); cudaFree(dpart);
+    }
+    cudaFree(dlg); cudaFree(dmask);
+  }
+}
+
 // The pick over a vocabulary split by tensor parallelism (argmax_parts on each slice, the partials laid
 // out as gathered, argmax_merge) is the one-GPU pick: the same ids (greedy, ties across slices, Gumbel
 // samples keyed by the global id, an id limit inside the last slice) and log-probs within 1e-5.
