@@ -1,6 +1,8 @@
 #include "harmony/json_constraint.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
@@ -9,22 +11,24 @@ namespace mx::harmony {
 namespace {
 
 enum Mode : uint8_t {
-  kTop,            // before the object: whitespace or '{'
-  kValue,          // a value (after ':' or an array's ',')
-  kValueOrClose,   // a value or ']' (after '[')
+  kTop,            // before the value: whitespace or its first byte
+  kValue,          // a value of node `value` (after ':' or an array's ',')
+  kValueOrClose,   // an item or ']' (after '[')
   kKeyOrClose,     // a key or '}' (after '{')
   kKey,            // a key (after an object's ',')
   kColon,          // ':' after a key
   kCommaOrClose,   // ',' or the container's closing bracket, after a value
   kString,         // inside a value string
-  kKeyString,      // inside a key
-  kEscape,         // after '\' in a value string (kKeyEscape in a key)
+  kKeyString,      // inside a key of an object without listed properties
+  kKeyMatch,       // inside a listed key: its bytes against the candidates' (keys, aux bytes matched)
+  kEscape,         // after '\' in a value string (kKeyEscape in a free key)
   kKeyEscape,
-  kUnicode,        // \u's hex digits (aux of 4) in a value string (kKeyUnicode in a key)
+  kUnicode,        // \u's hex digits (aux of 4) in a value string (kKeyUnicode in a free key)
   kKeyUnicode,
   kNumber,         // aux: its part (below)
   kLiteral,        // true / false / null: lit, aux bytes matched
-  kDone,           // the object is complete: whitespace only
+  kEnum,           // an enum / const value's JSON text: literals [lo, hi) of node `value`, aux bytes matched
+  kDone,           // the value is complete: whitespace only
 };
 // A number's part, in order; the ones marked "end" may be its last byte.
 enum NumPart : uint8_t { kMinus, kZero /*end*/, kInt /*end*/, kDot, kFrac /*end*/, kExp, kExpSign, kExpDigits /*end*/ };
@@ -34,50 +38,155 @@ constexpr const char* kLiterals[3] = {"true", "false", "null"};
 bool is_ws(uint8_t c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool is_hex(uint8_t c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool number_may_end(uint8_t part) { return part == kZero || part == kInt || part == kFrac || part == kExpDigits; }
+
+bool feed(const JsonSchema& sc, JsonState& s, uint8_t c);
 
 // A value just ended: the container's next separator, or done at the top.
 void value_done(JsonState& s) { s.mode = s.depth == 0 ? kDone : kCommaOrClose; }
 
-bool open(JsonState& s, bool array) {
+bool open(JsonState& s, int32_t node, bool array) {
   if (s.depth >= kJsonMaxDepth) return false;
-  const uint64_t bit = uint64_t(1) << s.depth;
-  s.arrays = array ? s.arrays | bit : s.arrays & ~bit;
+  s.frames[s.depth] = JsonFrame{0, uint16_t(node), 0, uint8_t(array)};
   ++s.depth;
   s.mode = array ? kValueOrClose : kKeyOrClose;
   return true;
 }
 
-bool close(JsonState& s, bool array) {
-  if (s.depth == 0 || bool(s.arrays >> (s.depth - 1) & 1) != array) return false;
+bool close(const JsonSchema& sc, JsonState& s, bool array) {
+  if (s.depth == 0) return false;
+  const JsonFrame& f = s.frames[s.depth - 1];
+  if (bool(f.array) != array) return false;
+  const JsonSchemaNode& n = sc.node(f.node);
+  if (array && f.count < n.min_items) return false;
+  if (!array)
+    for (size_t i = 0; i < n.props.size(); ++i)
+      if (n.props[i].required && !(f.seen >> i & 1)) return false;
   --s.depth;
   value_done(s);
   return true;
 }
 
-bool start_value(JsonState& s, uint8_t c) {
+// An object's next key may come: an unseen listed property, or any key where none are listed.
+bool more_keys(const JsonSchema& sc, const JsonFrame& f) {
+  const JsonSchemaNode& n = sc.node(f.node);
+  if (n.props.empty()) return n.extra >= 0;
+  return f.seen != (n.props.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.props.size()) - 1);
+}
+
+bool start_key(const JsonSchema& sc, JsonState& s) {
+  const JsonFrame& f = s.frames[s.depth - 1];
+  const JsonSchemaNode& n = sc.node(f.node);
+  if (n.props.empty()) {
+    if (n.extra < 0) return false;
+    s.mode = kKeyString;
+    return true;
+  }
+  const uint64_t all = n.props.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.props.size()) - 1;
+  s.keys = all & ~f.seen;
+  if (!s.keys) return false;
+  s.mode = kKeyMatch;
+  s.aux = 0;
+  return true;
+}
+
+bool key_match(const JsonSchema& sc, JsonState& s, uint8_t c) {
+  JsonFrame& f = s.frames[s.depth - 1];
+  const auto& props = sc.node(f.node).props;
+  // The candidates share the key's bytes so far: after an odd run of backslashes, '"' is the key's own.
+  const std::string& some = props[size_t(__builtin_ctzll(s.keys))].key;
+  size_t slashes = 0;
+  while (slashes < s.aux && some[s.aux - 1 - slashes] == '\\') ++slashes;
+  if (c == '"' && slashes % 2 == 0) {
+    for (size_t i = 0; i < props.size(); ++i)
+      if ((s.keys >> i & 1) && props[i].key.size() == s.aux) {
+        f.seen |= uint64_t(1) << i;
+        s.value = uint16_t(props[i].node);
+        s.mode = kColon;
+        return true;
+      }
+    return false;
+  }
+  uint64_t next = 0;
+  for (size_t i = 0; i < props.size(); ++i)
+    if ((s.keys >> i & 1) && props[i].key.size() > s.aux && uint8_t(props[i].key[s.aux]) == c) next |= uint64_t(1) << i;
+  if (!next) return false;
+  s.keys = next;
+  ++s.aux;
+  return true;
+}
+
+// The next byte of an enum / const value: the literals [lo, hi) share their first aux bytes (sorted, so a
+// literal of exactly aux bytes is the first); a byte none continues ends a complete literal before it.
+bool enum_step(const JsonSchema& sc, JsonState& s, uint8_t c) {
+  const auto& lits = sc.literals(sc.node(s.value).literals);
+  const size_t pos = s.aux;
+  const bool complete = lits[s.lo].size() == pos;
+  auto at = [&](int i) { return uint8_t(lits[size_t(i)][pos]); };
+  int first = s.lo + (complete ? 1 : 0), last = s.hi;
+  while (first < last && at(first) < c) ++first;  // (enums are short: a scan, not a search)
+  int end = first;
+  while (end < last && at(end) == c) ++end;
+  if (first < end) {
+    s.lo = uint16_t(first);
+    s.hi = uint16_t(end);
+    s.aux = uint8_t(pos + 1);
+    if (end - first == 1 && lits[size_t(first)].size() == pos + 1) value_done(s);
+    return true;
+  }
+  if (!complete) return false;
+  value_done(s);
+  return feed(sc, s, c);
+}
+
+bool start_value(const JsonSchema& sc, JsonState& s, int32_t node, uint8_t c) {
+  const JsonSchemaNode& n = sc.node(node);
+  if (n.literals >= 0) {
+    s.mode = kEnum;
+    s.value = uint16_t(node);
+    s.lo = 0;
+    s.hi = uint16_t(sc.literals(n.literals).size());
+    s.aux = 0;
+    return enum_step(sc, s, c);
+  }
+  if (!n.any_of.empty()) {
+    for (int32_t a : n.any_of)
+      if (sc.may_start(a, c)) return start_value(sc, s, a, c);
+    return false;
+  }
+  if (!sc.may_start(node, c)) return false;
   switch (c) {
     case '"': s.mode = kString; return true;
-    case '{': return open(s, false);
-    case '[': return open(s, true);
-    case '-': s.mode = kNumber; s.aux = kMinus; return true;
+    case '{': return open(s, node, false);
+    case '[': return open(s, node, true);
     case 't': case 'f': case 'n':
       s.mode = kLiteral;
       s.lit = c == 't' ? 0 : c == 'f' ? 1 : 2;
       s.aux = 1;
       return true;
-    default:
-      if (!is_digit(c)) return false;
+    default:  // '-' or a digit
       s.mode = kNumber;
-      s.aux = c == '0' ? kZero : kInt;
+      s.int_only = !(n.types & kJsonNumber);
+      s.aux = c == '-' ? kMinus : c == '0' ? kZero : kInt;
       return true;
   }
 }
 
-bool number(JsonState& s, uint8_t c) {
+// An array's next item begins with c.
+bool array_item(const JsonSchema& sc, JsonState& s, uint8_t c) {
+  JsonFrame& f = s.frames[s.depth - 1];
+  const JsonSchemaNode& n = sc.node(f.node);
+  if (f.count >= n.max_items) return false;
+  if (f.count < 255) ++f.count;
+  return start_value(sc, s, n.items, c);
+}
+
+bool number(const JsonSchema& sc, JsonState& s, uint8_t c) {
   switch (s.aux) {
     case kMinus: if (!is_digit(c)) return false; s.aux = c == '0' ? kZero : kInt; return true;
     case kInt: if (is_digit(c)) return true; [[fallthrough]];
     case kZero:
+      if (s.int_only) break;
       if (c == '.') { s.aux = kDot; return true; }
       if (c == 'e' || c == 'E') { s.aux = kExp; return true; }
       break;
@@ -93,19 +202,12 @@ bool number(JsonState& s, uint8_t c) {
     case kExpDigits: if (is_digit(c)) return true; break;
   }
   // The number ended before c (its part may end one): c is the container's.
-  if (s.aux != kZero && s.aux != kInt && s.aux != kFrac && s.aux != kExpDigits) return false;
+  if (!number_may_end(s.aux)) return false;
   value_done(s);
-  return json_feed(s, c);
+  return feed(sc, s, c);
 }
 
-}  // namespace
-
-JsonState json_object_start() { return JsonState{}; }
-
-bool json_done(const JsonState& s) { return s.mode == kDone; }
-
-namespace {
-bool feed(JsonState& s, uint8_t c) {
+bool feed(const JsonSchema& sc, JsonState& s, uint8_t c) {
   const bool between = s.mode <= kCommaOrClose || s.mode == kDone;  // where whitespace may go
   if (between && is_ws(c)) {
     if (s.ws >= kJsonMaxWhitespace) return false;
@@ -114,34 +216,42 @@ bool feed(JsonState& s, uint8_t c) {
   }
   s.ws = 0;
   switch (s.mode) {
-    case kTop: return c == '{' && open(s, false);
-    case kValue: return start_value(s, c);
-    case kValueOrClose: return c == ']' ? close(s, true) : start_value(s, c);
+    case kTop:
+    case kValue: return start_value(sc, s, s.value, c);
+    case kValueOrClose: return c == ']' ? close(sc, s, true) : array_item(sc, s, c);
     case kKeyOrClose:
-      if (c == '}') return close(s, false);
+      if (c == '}') return close(sc, s, false);
       [[fallthrough]];
-    case kKey:
-      if (c != '"') return false;
-      s.mode = kKeyString;
-      return true;
+    case kKey: return c == '"' && start_key(sc, s);
     case kColon:
       if (c != ':') return false;
       s.mode = kValue;
       return true;
     case kCommaOrClose: {
-      const bool array = s.arrays >> (s.depth - 1) & 1;
-      if (c == ',') {
-        s.mode = array ? kValue : kKey;
+      JsonFrame& f = s.frames[s.depth - 1];
+      if (c != ',') return c == (f.array ? ']' : '}') && close(sc, s, f.array);
+      if (!f.array) {
+        if (!more_keys(sc, f)) return false;
+        s.mode = kKey;
         return true;
       }
-      return c == (array ? ']' : '}') && close(s, array);
+      const JsonSchemaNode& n = sc.node(f.node);
+      if (f.count >= n.max_items) return false;
+      if (f.count < 255) ++f.count;
+      s.value = uint16_t(n.items);
+      s.mode = kValue;
+      return true;
     }
     case kString:
     case kKeyString: {
       const bool key = s.mode == kKeyString;
       if (c == '"') {
-        if (key) s.mode = kColon;
-        else value_done(s);
+        if (key) {
+          s.value = uint16_t(sc.node(s.frames[s.depth - 1].node).extra);
+          s.mode = kColon;
+        } else {
+          value_done(s);
+        }
         return true;
       }
       if (c == '\\') {
@@ -150,6 +260,7 @@ bool feed(JsonState& s, uint8_t c) {
       }
       return c >= 0x20;  // control characters must be escaped; other bytes (UTF-8 too) pass
     }
+    case kKeyMatch: return key_match(sc, s, c);
     case kEscape:
     case kKeyEscape: {
       const bool key = s.mode == kKeyEscape;
@@ -167,22 +278,57 @@ bool feed(JsonState& s, uint8_t c) {
       if (!is_hex(c)) return false;
       if (++s.aux == 4) s.mode = s.mode == kKeyUnicode ? kKeyString : kString;
       return true;
-    case kNumber: return number(s, c);
+    case kNumber: return number(sc, s, c);
     case kLiteral: {
       const char* lit = kLiterals[s.lit];
       if (c != uint8_t(lit[s.aux])) return false;
       if (lit[++s.aux] == '\0') value_done(s);
       return true;
     }
+    case kEnum: return enum_step(sc, s, c);
     default: return false;  // kDone: whitespace only
   }
 }
+
 }  // namespace
 
-bool json_feed(JsonState& s, uint8_t c) {
-  if (!feed(s, c)) return false;
-  if (s.mode != kNumber && s.mode != kLiteral && s.mode != kUnicode && s.mode != kKeyUnicode)
-    s.aux = s.lit = 0;  // one state a place, so a string's bytes leave it as it was (FinalChannelJson's cache)
+bool JsonState::operator==(const JsonState& o) const {
+  if (keys != o.keys || value != o.value || lo != o.lo || hi != o.hi || depth != o.depth || mode != o.mode ||
+      aux != o.aux || lit != o.lit || ws != o.ws || int_only != o.int_only)
+    return false;
+  for (int i = 0; i < depth; ++i) {
+    const JsonFrame &a = frames[i], &b = o.frames[i];
+    if (a.seen != b.seen || a.node != b.node || a.count != b.count || a.array != b.array) return false;
+  }
+  return true;
+}
+
+void json_copy(JsonState& to, const JsonState& from) {
+  std::memcpy(static_cast<void*>(&to), &from, offsetof(JsonState, frames) + size_t(from.depth) * sizeof(JsonFrame));
+}
+
+JsonState json_start(const JsonSchema& schema) {
+  JsonState s;
+  s.value = uint16_t(schema.root());
+  return s;
+}
+
+bool json_done(const JsonSchema& schema, const JsonState& s) {
+  if (s.mode == kDone) return true;
+  if (s.depth != 0) return false;  // a number or an enum's literal at the top ends where the text does
+  if (s.mode == kNumber) return number_may_end(s.aux);
+  return s.mode == kEnum && schema.literals(schema.node(s.value).literals)[s.lo].size() == s.aux;
+}
+
+bool json_feed(const JsonSchema& schema, JsonState& s, uint8_t c) {
+  if (!feed(schema, s, c)) return false;
+  // One state a place, so a string's bytes leave it as it was (FinalChannelJson's cache).
+  const uint8_t m = s.mode;
+  if (m != kNumber && m != kLiteral && m != kUnicode && m != kKeyUnicode && m != kEnum && m != kKeyMatch) s.aux = s.lit = 0;
+  if (m != kKeyMatch) s.keys = 0;
+  if (m != kEnum) s.lo = s.hi = 0;
+  if (m != kTop && m != kValue && m != kColon && m != kEnum) s.value = 0;
+  if (m != kNumber) s.int_only = 0;
   return true;
 }
 
@@ -213,10 +359,10 @@ JsonTokenMask::JsonTokenMask(std::shared_ptr<const Tokenizer> tok, std::vector<i
   }
 }
 
-void JsonTokenMask::walk(const Sorted& list, const JsonState& s, std::vector<uint64_t>& bits) const {
+void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {
   thread_local std::vector<JsonState> st;  // a state a prefix byte; no allocation after a thread's first walk
   st.resize(max_len_ + 1);
-  st[0] = s;
+  json_copy(st[0], s);
   constexpr int kNone = 1 << 30;
   int have = 0;     // st[0..have] are the states after the current prefix's first bytes
   int fail = kNone; // the last token walked failed on this byte
@@ -227,8 +373,8 @@ void JsonTokenMask::walk(const Sorted& list, const JsonState& s, std::vector<uin
     int k = std::min(l, have);
     fail = kNone;
     for (; k < int(b.size()); ++k) {
-      st[size_t(k) + 1] = st[size_t(k)];
-      if (!json_feed(st[size_t(k) + 1], uint8_t(b[size_t(k)]))) {
+      json_copy(st[size_t(k) + 1], st[size_t(k)]);
+      if (!json_feed(schema, st[size_t(k) + 1], uint8_t(b[size_t(k)]))) {
         fail = k;
         break;
       }
@@ -238,20 +384,25 @@ void JsonTokenMask::walk(const Sorted& list, const JsonState& s, std::vector<uin
   }
 }
 
-void JsonTokenMask::allowed(const JsonState& s, std::vector<uint64_t>& bits) const {
+void JsonTokenMask::allowed(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {
   if (s.mode == kString || s.mode == kKeyString) {
     bits = plain_bits_;  // plain text stays inside the string
-    walk(other_, s, bits);
+    walk(other_, schema, s, bits);
   } else {
     bits.assign(size_t(vocab_ + 63) / 64, 0);
-    walk(all_, s, bits);
+    walk(all_, schema, s, bits);
   }
-  if (json_done(s))
+  if (json_done(schema, s))
     for (int32_t id : end_ids_) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
 }
 
-FinalChannelJson::FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, bool from_start)
-    : mask_(std::move(mask)), tok_(mask_->tokenizer()), phase_(from_start ? Phase::kJson : Phase::kFree) {
+FinalChannelJson::FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, std::shared_ptr<const JsonSchema> schema,
+                                   bool from_start)
+    : mask_(std::move(mask)),
+      schema_(std::move(schema)),
+      tok_(mask_->tokenizer()),
+      phase_(from_start ? Phase::kJson : Phase::kFree),
+      state_(json_start(*schema_)) {
   auto id = [&](const char* t) { return tok_.token_id(t).value_or(-1); };
   channel_ = id("<|channel|>");
   message_ = id("<|message|>");
@@ -261,8 +412,8 @@ FinalChannelJson::FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, bo
 std::span<const uint64_t> FinalChannelJson::allowed() {
   if (phase_ != Phase::kJson) return {};
   if (!have_cache_ || !(cached_ == state_)) {
-    mask_->allowed(state_, bits_);
-    cached_ = state_;
+    mask_->allowed(*schema_, state_, bits_);
+    json_copy(cached_, state_);
     have_cache_ = true;
     // (Never nothing: byte tokens continue any valid prefix, but a mask with no bit must not starve a row.)
     any_ = std::any_of(bits_.begin(), bits_.end(), [](uint64_t w) { return w != 0; });
@@ -285,7 +436,7 @@ void FinalChannelJson::accept(int32_t token) {
         const size_t a = name_.find_first_not_of(" \t\n"), b = name_.find_first_of(" \t\n", a);
         const bool final = a != std::string::npos && name_.substr(a, b == std::string::npos ? b : b - a) == "final";
         phase_ = final ? Phase::kJson : Phase::kFree;
-        state_ = json_object_start();
+        state_ = json_start(*schema_);
       } else if (token == constrain_) {
         phase_ = Phase::kHeader;
       } else if (tok_.is_special(token)) {
@@ -301,7 +452,7 @@ void FinalChannelJson::accept(int32_t token) {
         return;
       }
       for (char c : tok_.token_bytes(token))
-        if (!json_feed(state_, uint8_t(c))) {  // (not from the mask: leave the rest free)
+        if (!json_feed(*schema_, state_, uint8_t(c))) {  // (not from the mask: leave the rest free)
           phase_ = Phase::kDone;
           return;
         }

@@ -1,9 +1,9 @@
 // Structured output (response_format json_object / json_schema): the assistant's final channel constrained
-// to one JSON object, token by token. A byte-level JSON recognizer (JsonState), the vocabulary walked as a
-// trie to find the tokens that keep the text valid (JsonTokenMask), and one choice's constraint that stays
-// free through the analysis and commentary channels and starts at "<|channel|>final<|message|>"
-// (FinalChannelJson). The grammar is JSON's, not a schema's: a json_schema's schema reaches the model
-// through the developer message (render.cpp).
+// to one JSON value (an object unless a schema says otherwise), token by token. A byte-level JSON
+// recognizer (JsonState), the vocabulary walked as a trie to find the tokens that keep the text valid
+// (JsonTokenMask), and one choice's constraint that stays free through the analysis and commentary
+// channels and starts at "<|channel|>final<|message|>" (FinalChannelJson). The text follows the request's schema (json_schema.h; json_object: any object), which
+// also reaches the model through the developer message (render.cpp).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,27 +11,43 @@
 #include <string>
 #include <vector>
 
+#include "harmony/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mx::harmony {
 
-// Where a JSON text is, after some bytes: POD, so a trie walk copies it a byte.
-struct JsonState {
-  uint64_t arrays = 0;  // bit d: the container at depth d + 1 is an array (else an object)
-  uint8_t depth = 0;    // open containers (at most kMaxDepth)
-  uint8_t mode = 0;     // what may come next (json_constraint.cpp)
-  uint8_t aux = 0;      // a literal's matched bytes, a \u escape's hex digits, a number's part
-  uint8_t lit = 0;      // which literal (true, false, null)
-  uint8_t ws = 0;       // whitespace bytes in a row (at most kMaxWhitespace: no endless blank output)
-  bool operator==(const JsonState&) const = default;
-};
 constexpr int kJsonMaxDepth = 63;
 constexpr int kJsonMaxWhitespace = 16;
 
-JsonState json_object_start();  // before the text: the top level is one object
+// An open container: its schema node and what it holds so far.
+struct JsonFrame {
+  uint64_t seen = 0;  // objects with listed properties: bit i, property i was given
+  uint16_t node = 0;
+  uint8_t count = 0;  // arrays: items begun (at most 255)
+  uint8_t array = 0;
+};
+
+// Where a JSON text is, after some bytes, against a schema (json_schema.h): POD, so a trie walk copies it
+// a byte (json_copy: the header and the open frames only).
+struct JsonState {
+  uint64_t keys = 0;        // a listed key being read: the properties its bytes so far may still be
+  uint16_t value = 0;       // the node of the value that comes next (a literal list's node while in one)
+  uint16_t lo = 0, hi = 0;  // in an enum / const: the literals [lo, hi) still matching
+  uint8_t depth = 0;        // open containers (at most kJsonMaxDepth)
+  uint8_t mode = 0;         // what may come next (json_constraint.cpp)
+  uint8_t aux = 0;          // a literal's or key's matched bytes, a \u escape's hex digits, a number's part
+  uint8_t lit = 0;          // which literal (true, false, null)
+  uint8_t ws = 0;           // whitespace bytes in a row (at most kJsonMaxWhitespace: no endless blank output)
+  uint8_t int_only = 0;     // in a number that must be an integer
+  JsonFrame frames[kJsonMaxDepth];
+  bool operator==(const JsonState& o) const;  // the header and the open frames
+};
+
+JsonState json_start(const JsonSchema& schema);  // before the text: the schema's root value
 // Feeds one byte; false when it cannot come next (s is then unspecified).
-bool json_feed(JsonState& s, uint8_t c);
-bool json_done(const JsonState& s);  // the object is complete (only whitespace may follow)
+bool json_feed(const JsonSchema& schema, JsonState& s, uint8_t c);
+bool json_done(const JsonSchema& schema, const JsonState& s);  // the value is complete (only whitespace may follow)
+void json_copy(JsonState& to, const JsonState& from);  // the header and the open frames
 
 // The ordinary tokens sorted by their bytes, each with its common prefix with the one before, so the
 // tokens that may follow a state are found in one walk that skips every token under a rejected prefix.
@@ -42,7 +58,7 @@ class JsonTokenMask {
   int vocab_size() const { return vocab_; }
   const Tokenizer& tokenizer() const { return *tok_; }
   // bits[vocab_size / 64 rounded up]: the tokens whose bytes keep s valid, and the end ids when s is done.
-  void allowed(const JsonState& s, std::vector<uint64_t>& bits) const;
+  void allowed(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
 
  private:
   // Tokens sorted by bytes and each one's common prefix with the one before.
@@ -50,7 +66,7 @@ class JsonTokenMask {
     std::vector<int32_t> ids;
     std::vector<uint16_t> lcp;
   };
-  void walk(const Sorted& list, const JsonState& s, std::vector<uint64_t>& bits) const;
+  void walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
   std::shared_ptr<const Tokenizer> tok_;
   std::vector<int32_t> end_ids_;
   Sorted all_;
@@ -67,7 +83,8 @@ class JsonTokenMask {
 class FinalChannelJson {
  public:
   // from_start: held from the first token (a raw completion, which has no channels).
-  explicit FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, bool from_start = false);
+  FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, std::shared_ptr<const JsonSchema> schema,
+                   bool from_start = false);
   // The tokens the next one may be, as bits over the vocabulary; empty when it is free.
   std::span<const uint64_t> allowed();
   void accept(int32_t token);  // a generated token
@@ -76,6 +93,7 @@ class FinalChannelJson {
  private:
   enum class Phase { kFree, kChannelName, kHeader, kJson, kDone };
   std::shared_ptr<const JsonTokenMask> mask_;
+  std::shared_ptr<const JsonSchema> schema_;
   const Tokenizer& tok_;
   int32_t channel_ = -1, message_ = -1, constrain_ = -1;
   Phase phase_ = Phase::kFree;

@@ -60,7 +60,9 @@ struct ChoiceState {
 // response_format's JSON constraint as the engine asks for it (one a choice).
 class JsonOutput : public runtime::TokenConstraint {
  public:
-  JsonOutput(std::shared_ptr<const harmony::JsonTokenMask> mask, bool from_start) : c_(std::move(mask), from_start) {}
+  JsonOutput(std::shared_ptr<const harmony::JsonTokenMask> mask, std::shared_ptr<const harmony::JsonSchema> schema,
+             bool from_start)
+      : c_(std::move(mask), std::move(schema), from_start) {}
   std::span<const uint64_t> allowed() override { return c_.allowed(); }
   void accept(int32_t token) override { c_.accept(token); }
 
@@ -171,7 +173,7 @@ struct Server::Impl {
       g.max_tokens = max_tokens;
       g.min_tokens = p.min_tokens;
       g.logit_bias = p.logit_bias;
-      if (p.json_output) g.constraint = std::make_shared<JsonOutput>(json_mask(chat), !chat);
+      if (p.json_schema) g.constraint = std::make_shared<JsonOutput>(json_mask(chat), p.json_schema, !chat);
       if (!p.ignore_eos) g.stop_token_ids = chat ? chat_stop_ids : eos_ids;
       g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
       g.deadline = deadline;

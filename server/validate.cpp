@@ -59,13 +59,14 @@ std::vector<LogitBias> logit_bias(const json& v, int max_entries) {
 }
 
 // OpenAI's response_format: text (the default), json_object, or json_schema {name, description?, schema,
-// strict?}; true for the JSON ones.
-bool json_format(const json& f) {
+// strict?}: the schema to hold the answer to, null for text. The schema is held whatever strict says (as
+// vLLM does).
+std::shared_ptr<const harmony::JsonSchema> json_format(const json& f) {
   if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
     bad("response_format", "'response_format' must be an object with a string 'type'");
   const std::string type = f["type"].get<std::string>();
-  if (type == "text") return false;
-  if (type == "json_object") return true;
+  if (type == "text") return nullptr;
+  if (type == "json_object") return harmony::JsonSchema::any_object();
   if (type != "json_schema")
     bad("response_format", fmt::format("'response_format.type' must be text, json_object or json_schema, got '{}'", type));
   if (!f.contains("json_schema") || !f["json_schema"].is_object())
@@ -83,7 +84,7 @@ bool json_format(const json& f) {
     bad("response_format.json_schema.description", "'response_format.json_schema.description' must be a string");
   if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null())
     bad("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
-  return true;
+  return harmony::JsonSchema::compile(js["schema"], "response_format.json_schema.schema");
 }
 
 }  // namespace
@@ -174,7 +175,7 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     p.min_tokens = int(m);
   }
   if (present(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], lim.max_logit_bias);
-  if (present(body, "response_format")) p.json_output = json_format(body["response_format"]);
+  if (present(body, "response_format")) p.json_schema = json_format(body["response_format"]);
   for (const char* unsupported : {"chat_template", "guided_regex", "guided_json"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
   return p;

@@ -2,10 +2,12 @@
 // before anything is allocated (reliability.md table A). Throws mx::InvalidRequest naming the
 // parameter.
 #pragma once
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "harmony/json_schema.h"
 #include "model/model_runner.h"
 
 namespace mx::server {
@@ -30,9 +32,10 @@ struct CommonParams {
   std::vector<int32_t> stop_token_ids;  // vLLM extension; the caller checks them against the vocabulary
   bool ignore_eos = false;  // vLLM extension: the model's end tokens (eos ids; chat: <|return|>, <|call|>) do not stop
   std::vector<LogitBias> logit_bias;   // sorted by id; the caller checks the ids against the vocabulary
-  // response_format json_object / json_schema: the answer (chat: its final channel) is held to one JSON
-  // object (harmony/json_constraint.h); a json_schema's schema goes into the developer message.
-  bool json_output = false;
+  // response_format json_object / json_schema: the answer (chat: its final channel) is held to the schema
+  // (json_object: any object; harmony/json_constraint.h), which also goes into the developer message.
+  // Null: free text.
+  std::shared_ptr<const harmony::JsonSchema> json_schema;
 };
 
 // chat: logprobs is a bool + top_logprobs; completions: logprobs is an int (0..20).

@@ -126,3 +126,27 @@ test('response_format json_object: the completion is JSON', async () => {
     if (c.finish_reason === 'stop') assert.equal(typeof JSON.parse(c.text), 'object');
   }
 });
+
+// response_format json_schema holds it to the schema: listed keys only, integer, enum, the required ones
+// present once it stops; a 400 for a schema the server cannot read.
+test('response_format json_schema: the completion follows the schema', async () => {
+  const schema = { type: 'object', additionalProperties: false, required: ['n', 'color'],
+    properties: { n: { type: 'integer' }, color: { enum: ['red', 'blue'] }, ok: { type: 'boolean' } } };
+  for (const seed of [1, 2, 3, 4, 5, 6]) {
+    const r = await oa.completions.create({ model: MODEL, prompt: 'Data:', max_tokens: 48, temperature: 1, seed,
+      response_format: { type: 'json_schema', json_schema: { name: 'thing', schema } } });
+    const c = r.choices[0];
+    assert.match(c.text, /^\s*\{/);
+    if (c.finish_reason !== 'stop') continue;
+    const v = JSON.parse(c.text);
+    assert.ok(Number.isInteger(v.n), c.text);
+    assert.ok(['red', 'blue'].includes(v.color), c.text);
+    for (const k of Object.keys(v)) assert.ok(['n', 'color', 'ok'].includes(k), c.text);
+    if ('ok' in v) assert.equal(typeof v.ok, 'boolean');
+  }
+  const err = await oa.completions.create({ model: MODEL, prompt: 'x', max_tokens: 4,
+    response_format: { type: 'json_schema', json_schema: { name: 't', schema: { type: 'strin' } } } }).then(() => null, (e) => e);
+  assert.equal(err?.status, 400);
+  assert.equal(err.error.param, 'response_format.json_schema.schema');
+  assert.match(err.error.message, /unknown type 'strin'/);
+});

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "harmony/json_constraint.h"
+#include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -25,11 +26,15 @@ std::shared_ptr<const Tokenizer> real_tok() {
 }
 
 // How many bytes of text the recognizer takes (text.size() when all), and whether it ends complete.
-std::pair<size_t, bool> run(const std::string& text) {
-  JsonState s = json_object_start();
+std::pair<size_t, bool> run(const std::string& text, const JsonSchema& sc = *JsonSchema::any_object()) {
+  JsonState s = json_start(sc);
   for (size_t i = 0; i < text.size(); ++i)
-    if (!json_feed(s, uint8_t(text[i]))) return {i, false};
-  return {text.size(), json_done(s)};
+    if (!json_feed(sc, s, uint8_t(text[i]))) return {i, false};
+  return {text.size(), json_done(sc, s)};
+}
+
+std::shared_ptr<const JsonSchema> schema(const char* text) {
+  return JsonSchema::compile(nlohmann::json::parse(text), "schema");
 }
 
 TEST(JsonConstraint, ValidObjects) {
@@ -64,6 +69,83 @@ TEST(JsonConstraint, InvalidTexts) {
   EXPECT_EQ(run("{" + ws + " }").first, ws.size() + 1);  // no endless blank output
 }
 
+// A schema with every keyword the recognizer holds: listed keys in any order (required ones present, no
+// others), integer, enum, array bounds, anyOf, a recursive $ref.
+constexpr const char* kPerson = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer"}, "kind": {"enum": ["x", "xy", 7, null]},
+    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+    "opt": {"anyOf": [{"type": "number"}, {"type": "null"}]}, "nested": {"$ref": "#/$defs/node"}
+  },
+  "required": ["name", "age", "kind"],
+  "$defs": {"node": {"type": "object", "properties": {"value": {"type": "integer"},
+                                                      "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+                     "required": ["value"], "additionalProperties": false}}
+})";
+
+TEST(JsonConstraint, SchemaHoldsTheText) {
+  const auto sc = schema(kPerson);
+  for (const std::string t : {R"({"name":"A","age":3,"kind":"x"})",
+                              "{ \"age\" : -3, \"kind\": \"xy\", \"name\": \"B\", \"tags\": [\"a\", \"b\"], \"opt\": null }",
+                              R"({"kind":7,"name":"","age":0,"opt":1.5e3,"nested":{"value":1,"next":{"value":2,"next":null}}})",
+                              R"({"kind":null,"name":"\"q\"","age":10,"tags":[]})"}) {
+    SCOPED_TRACE(t);
+    const auto [n, done] = run(t, *sc);
+    EXPECT_EQ(n, t.size());
+    EXPECT_TRUE(done);
+  }
+  // {text, the byte the recognizer refuses}
+  const std::vector<std::pair<std::string, size_t>> bad = {
+      {R"({"name":"A","age":3.5)", 19},         // integer
+      {R"({"nam":)", 5},                        // a key that is only a listed key's prefix
+      {R"({"name":1)", 8},                      // a string
+      {R"({"name":"A"})", 11},                  // required keys missing
+      {R"({"name":"A","name")", 14},            // a key given twice ("n" may still be "nested")
+      {R"({"age":1,"kind":"z")", 17},           // not in the enum
+      {R"({"kind":"xyz")", 11},                 // past the enum's longest
+      {R"({"kind":77)", 9},                     // 7, then no literal continues with 7
+      {R"({"tags":["a","b","a"])", 16},         // maxItems
+      {R"({"tags":["c"])", 10},
+      {R"({"extra":1})", 2},                    // no other keys
+      {R"({"opt":"x")", 7},                     // neither alternative begins with '"'
+      {R"({"nested":{"value":1,"x":1})", 22},   // additionalProperties false
+      {R"({"nested":{})", 11},                  // the nested node's required value
+      {"[1]", 0}};
+  for (const auto& [t, at] : bad) {
+    SCOPED_TRACE(t);
+    EXPECT_EQ(run(t, *sc).first, at);
+  }
+}
+
+TEST(JsonConstraint, SchemaRootsAndFreeObjects) {
+  const auto ints = schema(R"({"type":"array","items":{"type":"integer"},"minItems":1})");
+  EXPECT_EQ(run("[]", *ints).first, 1u);
+  EXPECT_EQ(run("[1, 2]", *ints), std::make_pair(size_t(6), true));
+  EXPECT_EQ(run("[1, 2.0]", *ints).first, 5u);
+  const auto e = schema(R"({"enum":[1, 12]})");
+  EXPECT_EQ(run("1", *e), std::make_pair(size_t(1), true));  // complete, though 12 may still follow
+  EXPECT_EQ(run("12", *e), std::make_pair(size_t(2), true));
+  EXPECT_EQ(run("13", *e).first, 1u);
+  EXPECT_EQ(run("1 ", *e), std::make_pair(size_t(2), true));
+  const auto num = schema(R"({"type":"number"})");
+  EXPECT_EQ(run("-1.5", *num), std::make_pair(size_t(4), true));
+  EXPECT_FALSE(run("1.", *num).second);
+  const auto map = schema(R"({"type":"object","additionalProperties":{"type":"integer"}})");
+  EXPECT_EQ(run(R"({"a":1,"b":2})", *map), std::make_pair(size_t(13), true));
+  EXPECT_EQ(run(R"({"a":"x"})", *map).first, 5u);
+  const auto none = schema(R"({"type":"object","additionalProperties":false})");
+  EXPECT_EQ(run("{}", *none), std::make_pair(size_t(2), true));
+  EXPECT_EQ(run(R"({"a":1})", *none).first, 1u);
+  const auto nullable = schema(R"({"type":["string","null"]})");
+  EXPECT_TRUE(run("null", *nullable).second);
+  EXPECT_TRUE(run(R"("s")", *nullable).second);
+  EXPECT_EQ(run("1", *nullable).first, 0u);
+  const auto keys = schema(R"({"properties":{"a\"b":{"const":true}},"required":["a\"b"]})");  // escaped key
+  EXPECT_TRUE(run(R"({"a\"b":true})", *keys).second);
+  EXPECT_EQ(run(R"({"a\"b":false})", *keys).first, 8u);
+}
+
 // The mask holds exactly the tokens whose bytes the recognizer takes from the state, and the end ids only
 // once the object is complete; the special tokens never.
 TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
@@ -72,17 +154,25 @@ TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
   const int32_t ret = tok->token_id("<|return|>").value();
   auto mask = std::make_shared<JsonTokenMask>(tok, std::vector<int32_t>{ret});
   std::vector<uint64_t> bits;
-  for (const std::string prefix : {"", "{", "{\"a\":", "{\"a\":\"some te", "{\"a\":12", "{\"a\":[1, tr", "{\"a\":{}}", "{\"a\":\"\\u00"}) {
+  const auto any = JsonSchema::any_object();
+  const auto person = schema(kPerson);
+  const std::vector<std::pair<const JsonSchema*, std::string>> cases = {
+      {any.get(), ""}, {any.get(), "{"}, {any.get(), "{\"a\":"}, {any.get(), "{\"a\":\"some te"}, {any.get(), "{\"a\":12"},
+      {any.get(), "{\"a\":[1, tr"}, {any.get(), "{\"a\":{}}"}, {any.get(), "{\"a\":\"\\u00"},
+      {person.get(), "{"}, {person.get(), "{\"na"}, {person.get(), "{\"name\": \"Ada\", \""}, {person.get(), "{\"age\":1"},
+      {person.get(), "{\"kind\":\"x"}, {person.get(), "{\"tags\":[\"a\","}, {person.get(), "{\"opt\":"},
+      {person.get(), "{\"name\":\"A\",\"age\":3,\"kind\":\"x\"}"}};
+  for (const auto& [sc, prefix] : cases) {
     SCOPED_TRACE(prefix);
-    JsonState s = json_object_start();
-    for (char c : prefix) ASSERT_TRUE(json_feed(s, uint8_t(c)));
-    mask->allowed(s, bits);
+    JsonState s = json_start(*sc);
+    for (char c : prefix) ASSERT_TRUE(json_feed(*sc, s, uint8_t(c)));
+    mask->allowed(*sc, s, bits);
     int n = 0;
     for (int32_t id = 0; id < tok->vocab_size(); ++id) {
       bool fits = !tok->is_special(id) && !tok->token_bytes(id).empty();
       JsonState t = s;
-      for (char c : tok->token_bytes(id)) fits = fits && json_feed(t, uint8_t(c));
-      if (id == ret) fits = json_done(s);
+      for (char c : tok->token_bytes(id)) fits = fits && json_feed(*sc, t, uint8_t(c));
+      if (id == ret) fits = json_done(*sc, s);
       const bool got = bits[size_t(id) / 64] >> (id % 64) & 1;
       ASSERT_EQ(got, fits) << "token " << id << " '" << tok->token_bytes(id) << "'";
       n += got;
@@ -99,7 +189,7 @@ TEST(JsonConstraint, FinalChannelOnly) {
   if (!tok) GTEST_SKIP() << ".assets/tokenizer/tokenizer.json missing";
   const int32_t ret = tok->token_id("<|return|>").value(), end = tok->token_id("<|end|>").value();
   auto mask = std::make_shared<JsonTokenMask>(tok, std::vector<int32_t>{ret, end});
-  FinalChannelJson c(mask);
+  FinalChannelJson c(mask, JsonSchema::any_object());
   auto allowed = [&](int32_t id) {
     auto bits = c.allowed();
     return bits.empty() || (bits[size_t(id) / 64] >> (id % 64) & 1);
@@ -126,7 +216,7 @@ TEST(JsonConstraint, FinalChannelOnly) {
   c.accept(ret);
   EXPECT_FALSE(c.active());
   EXPECT_TRUE(c.allowed().empty());
-  FinalChannelJson other(mask);  // another channel's name: free
+  FinalChannelJson other(mask, JsonSchema::any_object());  // another channel's name: free
   for (int32_t t : tok->encode("<|channel|>commentary<|message|>{", true)) c.accept(t), other.accept(t);
   EXPECT_FALSE(other.active());
   EXPECT_TRUE(other.allowed().empty());

@@ -58,26 +58,31 @@ std::string body_of(const std::string& raw) {
 
 // response_format json_object on a raw completion: the text is held to JSON from its first token (the fake
 // runner takes the first allowed id from its count: "{}", whitespace, then the eos id once it is complete),
-// so it is a valid prefix of one object, and a complete one when it stops; json_schema too; the plain
+// so it is a valid prefix of one object, and a complete one when it stops; json_schema to its schema; the plain
 // request is not held.
 TEST(ServerRequests, JsonObjectHoldsACompletionToJson) {
   if (tokenizer_path().empty()) GTEST_SKIP() << ".assets/tokenizer/tokenizer.json missing";
   FakeServer fs(ServerOptions{}, {200002});
   const int port = fs.port();
-  for (const char* rf : {R"({"type":"json_object"})", R"({"type":"json_schema","json_schema":{"name":"n","schema":{}}})"}) {
+  const char* kSchema = R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x","y"]}},"required":["a","b"]})";
+  for (const std::string& rf : {std::string(R"({"type":"json_object"})"),
+                               std::string(R"({"type":"json_schema","json_schema":{"name":"n","schema":)") + kSchema + "}}"}) {
     SCOPED_TRACE(rf);
+    const auto sc = rf.find("json_schema") == std::string::npos
+                        ? harmony::JsonSchema::any_object()
+                        : harmony::JsonSchema::compile(json::parse(kSchema), "schema");
     const std::string raw = http(port, "POST", "/v1/completions",
                                  std::string(R"({"prompt": [5, 6, 7], "max_tokens": 60, "response_format": )") + rf + "}");
     const json r = json::parse(body_of(raw), nullptr, false);
     ASSERT_TRUE(r.is_object() && r.contains("choices")) << raw;
     const std::string text = r["choices"][0]["text"];
-    harmony::JsonState st = harmony::json_object_start();
+    harmony::JsonState st = harmony::json_start(*sc);
     size_t ok = 0;
-    while (ok < text.size() && harmony::json_feed(st, uint8_t(text[ok]))) ++ok;
+    while (ok < text.size() && harmony::json_feed(*sc, st, uint8_t(text[ok]))) ++ok;
     EXPECT_EQ(ok, text.size()) << text;
     EXPECT_FALSE(text.empty());
     if (r["choices"][0]["finish_reason"] == "stop") {
-      EXPECT_TRUE(harmony::json_done(st)) << text;
+      EXPECT_TRUE(harmony::json_done(*sc, st)) << text;
     }
   }
   const json plain = json::parse(body_of(http(port, "POST", "/v1/completions", R"({"prompt": [5, 6, 7], "max_tokens": 4})")));

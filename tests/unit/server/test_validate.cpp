@@ -74,8 +74,14 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"response_format":{"type":"xml"}})"), "response_format");
   EXPECT_EQ(bad_param(R"({"response_format":"text"})"), "response_format");
   EXPECT_EQ(bad_param(R"({"response_format":{}})"), "response_format");
-  EXPECT_FALSE(parse_common(json::parse(R"({"response_format":{"type":"text"}})"), true, Limits{}).json_output);
-  EXPECT_TRUE(parse_common(json::parse(R"({"response_format":{"type":"json_object"}})"), true, Limits{}).json_output);
+  EXPECT_FALSE(parse_common(json::parse(R"({"response_format":{"type":"text"}})"), true, Limits{}).json_schema);
+  EXPECT_TRUE(parse_common(json::parse(R"({"response_format":{"type":"json_object"}})"), true, Limits{}).json_schema);
+  for (const char* schema : {R"({"type":"strin"})", R"({"$ref":"#/$defs/none"})", R"({"type":"array","minItems":3,"maxItems":2})",
+                             R"({"properties":{"a":{}},"required":["b"]})", R"({"enum":[]})", R"(false)", R"({"allOf":[{},{}]})"})
+    EXPECT_EQ(bad_param(std::string(R"({"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":)") +
+                        schema + "}}}"),
+              "response_format.json_schema.schema")
+        << schema;
   EXPECT_EQ(bad_param(R"({"guided_json":{}})"), "guided_json");
   json many = {{"stop", json::array()}};
   for (int i = 0; i < 1000; ++i) many["stop"].push_back("x");
