@@ -357,6 +357,19 @@ JsonTokenMask::JsonTokenMask(std::shared_ptr<const Tokenizer> tok, std::vector<i
     if (plain) plain_bits_[size_t(id) / 64] |= uint64_t(1) << (id % 64);
     else add(other_, id);
   }
+  all_.index();
+  other_.index();
+}
+
+void JsonTokenMask::Sorted::index() {
+  const size_t n = ids.size();
+  skip1.assign(n, int32_t(n));
+  skip2.assign(n, int32_t(n));
+  for (int64_t i = int64_t(n) - 2; i >= 0; --i) {
+    const size_t u = size_t(i);
+    skip1[u] = lcp[u + 1] < 1 ? int32_t(u + 1) : skip1[u + 1];
+    skip2[u] = lcp[u + 1] < 2 ? int32_t(u + 1) : skip2[u + 1];
+  }
 }
 
 void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {
@@ -366,9 +379,13 @@ void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const Jso
   constexpr int kNone = 1 << 30;
   int have = 0;     // st[0..have] are the states after the current prefix's first bytes
   int fail = kNone; // the last token walked failed on this byte
-  for (size_t i = 0; i < list.ids.size(); ++i) {
+  const size_t n = list.ids.size();
+  for (size_t i = 0; i < n;) {
     const int l = list.lcp[i];
-    if (l > fail) continue;  // it begins with the prefix that failed
+    if (l > fail) {  // it begins with the prefix that failed
+      ++i;
+      continue;
+    }
     const std::string& b = tok_->token_bytes(list.ids[i]);
     int k = std::min(l, have);
     fail = kNone;
@@ -381,6 +398,7 @@ void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const Jso
     }
     have = fail == kNone ? int(b.size()) : fail;
     if (fail == kNone) bits[size_t(list.ids[i]) / 64] |= uint64_t(1) << (list.ids[i] % 64);
+    i = fail == 0 ? size_t(list.skip1[i]) : fail == 1 ? size_t(list.skip2[i]) : i + 1;
   }
 }
 

@@ -61,10 +61,14 @@ class JsonTokenMask {
   void allowed(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
 
  private:
-  // Tokens sorted by bytes and each one's common prefix with the one before.
+  // Tokens sorted by bytes and each one's common prefix with the one before; past a token whose first
+  // (second) byte fails, the next token of another first byte (first two bytes): a failed prefix's
+  // tokens skipped at once, as in a trie.
   struct Sorted {
     std::vector<int32_t> ids;
     std::vector<uint16_t> lcp;
+    std::vector<int32_t> skip1, skip2;
+    void index();
   };
   void walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
   std::shared_ptr<const Tokenizer> tok_;

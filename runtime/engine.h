@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/parallel.h"
 #include "model/model_runner.h"
 #include "runtime/block_pool.h"
 
@@ -193,6 +194,8 @@ class Engine {
   std::vector<SeqStep> steps_;
   std::vector<SampleResult> out_;
   std::vector<std::shared_ptr<Channel>> to_wake_;  // the step's channels with new events
+  std::vector<size_t> constrained_;                // the step's rows with a constraint
+  std::unique_ptr<ThreadPool> mask_pool_;          // their masks, made side by side (started at the first)
   Waker waker_;
   std::thread thread_;
 };

@@ -305,10 +305,11 @@ TEST(TensorParallel, MiniTwoGpusNcclOnlyMatchCpuReference) {
 }
 // The picks of `nseq` sequences (prompts of P + s tokens, then `steps` one-token steps, every input
 // token given) on `tp` GPUs, greedy or sampled (seeded per sequence); the even sequences' picks banned
-// from `ban`, the odd ones' logits biased by `bias`.
+// from `ban`, the odd ones' logits biased by `bias`, every third one from the second held to `allowed`.
 std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperature, int nseq, int P, int steps,
                                        int prefill_min_tokens, std::span<const int32_t> ban = {},
-                                       std::span<const mx::LogitBias> bias = {}, bool penalize = false) {
+                                       std::span<const mx::LogitBias> bias = {}, bool penalize = false,
+                                       std::span<const uint64_t> allowed = {}) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
   const int bs = 4, N = P + nseq + steps, nblk = (N + bs - 1) / bs;
@@ -334,6 +335,7 @@ std::vector<mx::SampleResult> tp_picks(int tp, bool keep_logits, float temperatu
       mx::SeqStep& q = seqs[size_t(s)];
       if (s % 2 == 0) q.banned = ban;
       else q.logit_bias = bias;
+      if (s % 3 == 1) q.allowed = allowed;
       if (penalize && s % 3 == 2 && !q.tokens.empty()) {  // over the tokens fed so far, prompt P + s
         q.sampling.presence_penalty = 0.5f;
         q.sampling.frequency_penalty = 0.3f;
@@ -389,6 +391,33 @@ TEST(TensorParallel, MiniTwoGpusLogitAdjustmentsSplitAndGathered) {
       EXPECT_NEAR(split[i].logprob, gathered[i].logprob, 1e-5) << c.nseq << " seqs, pick " << i;
       const bool even = i % size_t(c.nseq) % 2 == 0, is_banned = std::count(ban.begin(), ban.end(), split[i].token) > 0;
       EXPECT_TRUE(even ? !is_banned : split[i].token == forced || split[i].token == ban[0]) << c.nseq << " seqs, pick " << i;
+    }
+  }
+}
+// Constrained rows (structured output's mask) on each GPU's vocabulary slice and on the gathered row: the
+// same picks, always one of the allowed ids (both slices hold some), the free rows' picks unchanged.
+TEST(TensorParallel, MiniTwoGpusConstrainedRowsSplitAndGathered) {
+  if (!two_gpus_with_nccl()) GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
+  struct Case { int nseq, P, steps, prefill_min; float temperature; };
+  const int V = mx::load_model_config(e2e_fixture("mini")).vocab_size;
+  const std::vector<int32_t> ids = {3, 64, V / 2 - 1, V / 2 + 7, V - 2};
+  std::vector<uint64_t> bits(size_t(V + 63) / 64, 0);
+  for (int32_t id : ids) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+  for (const Case c : {Case{3, 40, 3, 1 << 30, 0.f}, Case{12, 5, 3, 1 << 30, 0.8f}, Case{40, 5, 6, 9, 0.f}}) {
+    const auto free = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min);
+    const auto split = tp_picks(2, false, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, {}, {}, false, bits);
+    const auto gathered = tp_picks(2, true, c.temperature, c.nseq, c.P, c.steps, c.prefill_min, {}, {}, false, bits);
+    ASSERT_EQ(split.size(), gathered.size());
+    for (size_t i = 0; i < split.size(); ++i) {
+      EXPECT_EQ(split[i].token, gathered[i].token) << c.nseq << " seqs, T " << c.temperature << ", pick " << i;
+      EXPECT_NEAR(split[i].logprob, gathered[i].logprob, 1e-5) << c.nseq << " seqs, pick " << i;
+      const bool held = i % size_t(c.nseq) % 3 == 1;
+      const bool in = std::count(ids.begin(), ids.end(), split[i].token) > 0;
+      if (held) {
+        EXPECT_TRUE(in) << c.nseq << " seqs, pick " << i << ": " << split[i].token;
+      } else {  // (the inputs are given, so a held row's pick never feeds back)
+        EXPECT_EQ(split[i].token, free[i].token) << c.nseq << " seqs, pick " << i;
+      }
     }
   }
 }

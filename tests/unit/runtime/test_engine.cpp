@@ -153,6 +153,39 @@ TEST(Engine, ConstraintMasksEachSampledToken) {
   EXPECT_EQ(c->seen, want);
 }
 
+// Several constrained rows in one step (their masks made side by side on the engine's pool): each row's
+// tokens follow its own constraint.
+TEST(Engine, ConstrainedRowsOfOneStepEachFollowTheirOwn) {
+  struct Multiples : TokenConstraint {
+    std::vector<uint64_t> bits = std::vector<uint64_t>(16, 0);
+    explicit Multiples(int m) {
+      for (int id = m; id < 1000; id += m) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+    }
+    std::span<const uint64_t> allowed() override { return bits; }
+    void accept(int32_t) override {}
+  };
+  FakeRunner r(64);
+  Engine e(r, {});
+  std::vector<std::shared_ptr<Channel>> chs;
+  const std::vector<int> mods = {3, 5, 7, 11, 13};
+  for (int m : mods) {
+    chs.push_back(std::make_shared<Channel>());
+    GenRequest g;
+    g.prompt = {m, m + 1};
+    g.max_tokens = 5;
+    g.constraint = std::make_shared<Multiples>(m);
+    ASSERT_TRUE(e.submit(g, chs.back()));
+  }
+  for (int i = 0; i < 40 && e.step(); ++i) {}
+  for (size_t k = 0; k < mods.size(); ++k) {
+    FinishReason fin = FinishReason::kNone;
+    const auto got = drain(*chs[k], &fin);
+    EXPECT_EQ(fin, FinishReason::kLength);
+    ASSERT_EQ(got.size(), 5u);
+    for (int32_t t : got) EXPECT_EQ(t % mods[k], 0) << "row " << k << " token " << t;
+  }
+}
+
 // While streams decode, a step takes at most max_prefill_tokens_with_decodes prompt tokens; with
 // nothing decoding it takes the whole budget.
 TEST(Engine, PrefillChunksAreShortWhileDecoding) {
