@@ -208,7 +208,8 @@ bool number(const JsonSchema& sc, JsonState& s, uint8_t c) {
 }
 
 bool feed(const JsonSchema& sc, JsonState& s, uint8_t c) {
-  const bool between = s.mode <= kCommaOrClose || s.mode == kDone;  // where whitespace may go
+  // Where whitespace may go (a choice's text stands alone).
+  const bool between = (s.mode <= kCommaOrClose || s.mode == kDone) && !(sc.raw() && s.depth == 0);
   if (between && is_ws(c)) {
     if (s.ws >= kJsonMaxWhitespace) return false;
     ++s.ws;

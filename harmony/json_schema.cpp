@@ -200,6 +200,24 @@ std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
   return s;
 }
 
+std::shared_ptr<const JsonSchema> JsonSchema::choice(std::vector<std::string> texts, const std::string& param) {
+  if (texts.empty() || texts.size() > 65535) throw InvalidRequest(param, fmt::format("'{}' must list 1 to 65,535 strings", param));
+  for (const std::string& t : texts)
+    if (t.empty() || t.size() > kJsonMaxLiteral)
+      throw InvalidRequest(param, fmt::format("'{}' strings must be 1 to {} bytes", param, kJsonMaxLiteral));
+  std::sort(texts.begin(), texts.end());
+  texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+  auto o = std::make_shared<JsonSchema>();
+  o->nodes_.emplace_back();
+  o->literals_.push_back(std::move(texts));
+  JsonSchemaNode n;
+  n.literals = 0;
+  o->nodes_.push_back(std::move(n));
+  o->root_ = 1;
+  o->raw_ = true;
+  return o;
+}
+
 bool JsonSchema::may_start(int32_t i, uint8_t c, int depth) const {
   const JsonSchemaNode& n = node(i);
   if (depth > 16) return false;  // unions of unions in a cycle admit nothing

@@ -52,6 +52,11 @@ class JsonSchema {
   static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema, const std::string& param);
   // json_object: one object, any keys and values.
   static std::shared_ptr<const JsonSchema> any_object();
+  // vLLM's guided_choice: the text is one of the strings as they are (not JSON), nothing around it.
+  // Throws mx::InvalidRequest(param, ...) on an empty list, an empty string or one over kJsonMaxLiteral bytes.
+  static std::shared_ptr<const JsonSchema> choice(std::vector<std::string> texts, const std::string& param);
+
+  bool raw() const { return raw_; }  // a choice: no whitespace before or after the text
 
   int32_t root() const { return root_; }
   const JsonSchemaNode& node(int32_t i) const { return nodes_[size_t(i)]; }
@@ -65,6 +70,7 @@ class JsonSchema {
   std::vector<JsonSchemaNode> nodes_;  // node 0: any value
   std::vector<std::vector<std::string>> literals_;
   int32_t root_ = 0;
+  bool raw_ = false;
 };
 
 }  // namespace mx::harmony

@@ -87,6 +87,51 @@ std::shared_ptr<const harmony::JsonSchema> json_format(const json& f) {
   return harmony::JsonSchema::compile(js["schema"], "response_format.json_schema.schema");
 }
 
+// vLLM's guided_json: a schema, or its JSON text.
+std::shared_ptr<const harmony::JsonSchema> guided_json(const json& v, const std::string& k) {
+  json schema = v;
+  if (v.is_string()) {
+    schema = json::parse(v.get<std::string>(), nullptr, false);
+    if (schema.is_discarded()) bad(k, fmt::format("'{}' must be a JSON schema (an object, or its JSON text)", k));
+  }
+  if (!schema.is_object()) bad(k, fmt::format("'{}' must be a JSON schema (an object, or its JSON text)", k));
+  return harmony::JsonSchema::compile(schema, k);
+}
+
+// vLLM's guided_choice: the answer is one of these strings.
+std::shared_ptr<const harmony::JsonSchema> guided_choice(const json& v, const std::string& k) {
+  if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_string(); }))
+    bad(k, fmt::format("'{}' must be an array of strings", k));
+  return harmony::JsonSchema::choice(v.get<std::vector<std::string>>(), k);
+}
+
+// What holds the answer: response_format's JSON, vLLM's guided_json / guided_choice, or its newer
+// structured_outputs {json | choice | json_object}; one of them at most. Null: free text.
+std::shared_ptr<const harmony::JsonSchema> held_output(const json& body) {
+  std::vector<std::pair<std::string, std::shared_ptr<const harmony::JsonSchema>>> held;
+  if (present(body, "response_format"))
+    if (auto s = json_format(body["response_format"])) held.emplace_back("response_format", s);
+  if (present(body, "guided_json")) held.emplace_back("guided_json", guided_json(body["guided_json"], "guided_json"));
+  if (present(body, "guided_choice")) held.emplace_back("guided_choice", guided_choice(body["guided_choice"], "guided_choice"));
+  if (present(body, "structured_outputs")) {
+    const json& so = body["structured_outputs"];
+    if (!so.is_object()) bad("structured_outputs", "'structured_outputs' must be an object");
+    for (const char* k : {"regex", "grammar", "structural_tag"})
+      if (present(so, k)) bad(std::string("structured_outputs.") + k, fmt::format("'structured_outputs.{}' is not supported", k));
+    int n = 0;
+    if (present(so, "json")) ++n, held.emplace_back("structured_outputs", guided_json(so["json"], "structured_outputs.json"));
+    if (present(so, "choice")) ++n, held.emplace_back("structured_outputs", guided_choice(so["choice"], "structured_outputs.choice"));
+    if (present(so, "json_object")) {
+      if (!so["json_object"].is_boolean()) bad("structured_outputs.json_object", "'structured_outputs.json_object' must be a boolean");
+      if (so["json_object"].get<bool>()) ++n, held.emplace_back("structured_outputs", harmony::JsonSchema::any_object());
+    }
+    if (n != 1) bad("structured_outputs", "'structured_outputs' must hold one of json, choice and json_object");
+  }
+  if (held.size() > 1)
+    bad(held[1].first, fmt::format("'{}' and '{}' both constrain the output: give one", held[0].first, held[1].first));
+  return held.empty() ? nullptr : held[0].second;
+}
+
 }  // namespace
 
 CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
@@ -175,8 +220,8 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     p.min_tokens = int(m);
   }
   if (present(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], lim.max_logit_bias);
-  if (present(body, "response_format")) p.json_schema = json_format(body["response_format"]);
-  for (const char* unsupported : {"chat_template", "guided_regex", "guided_json"})
+  p.json_schema = held_output(body);
+  for (const char* unsupported : {"chat_template", "guided_regex", "guided_grammar"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
   return p;
 }

@@ -127,6 +127,22 @@ test('response_format json_object: the completion is JSON', async () => {
   }
 });
 
+// vLLM's guided_choice (and structured_outputs.choice): the text is one of the strings, then it stops;
+// guided_json as a schema's text holds it like json_schema.
+test('guided_choice and guided_json hold a completion', async () => {
+  const choices = ['yes', 'no', 'not sure'];
+  for (const seed of [1, 2, 3, 4]) {
+    for (const extra of [{ guided_choice: choices }, { structured_outputs: { choice: choices } }]) {
+      const r = await oa.completions.create({ model: MODEL, prompt: 'Answer:', max_tokens: 16, temperature: 1, seed, ...extra });
+      assert.ok(choices.includes(r.choices[0].text), JSON.stringify(r.choices[0]));
+      assert.equal(r.choices[0].finish_reason, 'stop');
+    }
+  }
+  const r = await oa.completions.create({ model: MODEL, prompt: 'n:', max_tokens: 24, temperature: 1, seed: 5,
+    guided_json: JSON.stringify({ type: 'integer' }) });
+  assert.match(r.choices[0].text, /^\s*-?\d+\s*$/);
+});
+
 // response_format json_schema holds it to the schema: listed keys only, integer, enum, the required ones
 // present once it stops; a 400 for a schema the server cannot read.
 test('response_format json_schema: the completion follows the schema', async () => {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "harmony/json_constraint.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
@@ -144,6 +145,20 @@ TEST(JsonConstraint, SchemaRootsAndFreeObjects) {
   const auto keys = schema(R"({"properties":{"a\"b":{"const":true}},"required":["a\"b"]})");  // escaped key
   EXPECT_TRUE(run(R"({"a\"b":true})", *keys).second);
   EXPECT_EQ(run(R"({"a\"b":false})", *keys).first, 8u);
+}
+
+// guided_choice: the text is one of the strings as they are, with nothing around it.
+TEST(JsonConstraint, ChoiceIsOneOfTheStrings) {
+  const auto c = JsonSchema::choice({"New York", "New", "Boston", "New"}, "guided_choice");
+  EXPECT_EQ(run("New York", *c), std::make_pair(size_t(8), true));
+  EXPECT_EQ(run("New", *c), std::make_pair(size_t(3), true));  // complete, though " York" may still follow
+  EXPECT_EQ(run("Boston", *c), std::make_pair(size_t(6), true));
+  EXPECT_FALSE(run("Bos", *c).second);
+  EXPECT_EQ(run(" New", *c).first, 0u);
+  EXPECT_EQ(run("New York ", *c).first, 8u);
+  EXPECT_EQ(run("\"New\"", *c).first, 0u);
+  EXPECT_THROW(JsonSchema::choice({}, "guided_choice"), InvalidRequest);
+  EXPECT_THROW(JsonSchema::choice({"a", ""}, "guided_choice"), InvalidRequest);
 }
 
 // The mask holds exactly the tokens whose bytes the recognizer takes from the state, and the end ids only

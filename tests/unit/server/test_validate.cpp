@@ -82,7 +82,26 @@ TEST(Validate, TableA) {
                         schema + "}}}"),
               "response_format.json_schema.schema")
         << schema;
-  EXPECT_EQ(bad_param(R"({"guided_json":{}})"), "guided_json");
+  // vLLM's extensions: guided_json (a schema or its text), guided_choice, structured_outputs; one at most.
+  EXPECT_EQ(bad_param(R"({"guided_json":{"type":"object"}})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"guided_json":"{\"type\":\"integer\"}"})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"guided_choice":["yes","no"]})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{"choice":["a"]}})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{"json_object":true}})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"guided_json":"{not json"})"), "guided_json");
+  EXPECT_EQ(bad_param(R"({"guided_json":{"type":"nope"}})"), "guided_json");
+  EXPECT_EQ(bad_param(R"({"guided_choice":[]})"), "guided_choice");
+  EXPECT_EQ(bad_param(R"({"guided_choice":["a",1]})"), "guided_choice");
+  EXPECT_EQ(bad_param(R"({"guided_choice":[""]})"), "guided_choice");
+  EXPECT_EQ(bad_param(R"({"guided_regex":"a+"})"), "guided_regex");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{"regex":"a+"}})"), "structured_outputs.regex");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{}})"), "structured_outputs");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{"json":{},"choice":["a"]}})"), "structured_outputs");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{"json":{"type":"nope"}}})"), "structured_outputs.json");
+  EXPECT_EQ(bad_param(R"({"response_format":{"type":"json_object"},"guided_choice":["a"]})"), "guided_choice");
+  EXPECT_FALSE(parse_common(json::parse(R"({"response_format":{"type":"text"},"guided_choice":["a"]})"), true, Limits{})
+                   .json_schema->literals(0)
+                   .empty());
   json many = {{"stop", json::array()}};
   for (int i = 0; i < 1000; ++i) many["stop"].push_back("x");
   EXPECT_EQ(bad_param(many.dump()), "stop");
