@@ -28,6 +28,8 @@ enum Mode : uint8_t {
   kNumber,         // aux: its part (below)
   kLiteral,        // true / false / null: lit, aux bytes matched
   kEnum,           // an enum / const value's JSON text: literals [lo, hi) of node `value`, aux bytes matched
+  kPatternString,  // inside a string with node `value`'s pattern: its automaton's state in lo
+  kRegex,          // a guided_regex text: node `value`'s pattern, its state in lo
   kDone,           // the value is complete: whitespace only
 };
 // A number's part, in order; the ones marked "end" may be its last byte.
@@ -139,8 +141,31 @@ bool enum_step(const JsonSchema& sc, JsonState& s, uint8_t c) {
   return feed(sc, s, c);
 }
 
+// A pattern string's or a guided_regex text's next byte, through the automaton.
+bool pattern_step(const JsonSchema& sc, JsonState& s, uint8_t c) {
+  const ByteDfa& d = sc.pattern(sc.node(s.value).pattern);
+  if (s.mode == kPatternString) {
+    if (c == '"') {
+      if (!d.accepting(s.lo)) return false;
+      value_done(s);
+      return true;
+    }
+    if (c < 0x20 || c == '\\') return false;  // (a pattern string is written without escapes)
+  }
+  const int to = d.next(s.lo, c);
+  if (to == ByteDfa::kDead) return false;
+  s.lo = uint16_t(to);
+  return true;
+}
+
 bool start_value(const JsonSchema& sc, JsonState& s, int32_t node, uint8_t c) {
   const JsonSchemaNode& n = sc.node(node);
+  if (n.pattern >= 0 && sc.raw()) {  // guided_regex: the text from its first byte
+    s.mode = kRegex;
+    s.value = uint16_t(node);
+    s.lo = uint16_t(sc.pattern(n.pattern).start());
+    return pattern_step(sc, s, c);
+  }
   if (n.literals >= 0) {
     s.mode = kEnum;
     s.value = uint16_t(node);
@@ -156,7 +181,15 @@ bool start_value(const JsonSchema& sc, JsonState& s, int32_t node, uint8_t c) {
   }
   if (!sc.may_start(node, c)) return false;
   switch (c) {
-    case '"': s.mode = kString; return true;
+    case '"':
+      if (n.pattern >= 0) {
+        s.mode = kPatternString;
+        s.value = uint16_t(node);
+        s.lo = uint16_t(sc.pattern(n.pattern).start());
+      } else {
+        s.mode = kString;
+      }
+      return true;
     case '{': return open(s, node, false);
     case '[': return open(s, node, true);
     case 't': case 'f': case 'n':
@@ -287,6 +320,8 @@ bool feed(const JsonSchema& sc, JsonState& s, uint8_t c) {
       return true;
     }
     case kEnum: return enum_step(sc, s, c);
+    case kPatternString:
+    case kRegex: return pattern_step(sc, s, c);
     default: return false;  // kDone: whitespace only
   }
 }
@@ -318,6 +353,7 @@ bool json_done(const JsonSchema& schema, const JsonState& s) {
   if (s.mode == kDone) return true;
   if (s.depth != 0) return false;  // a number or an enum's literal at the top ends where the text does
   if (s.mode == kNumber) return number_may_end(s.aux);
+  if (s.mode == kRegex) return schema.pattern(schema.node(s.value).pattern).accepting(s.lo);
   return s.mode == kEnum && schema.literals(schema.node(s.value).literals)[s.lo].size() == s.aux;
 }
 
@@ -327,8 +363,10 @@ bool json_feed(const JsonSchema& schema, JsonState& s, uint8_t c) {
   const uint8_t m = s.mode;
   if (m != kNumber && m != kLiteral && m != kUnicode && m != kKeyUnicode && m != kEnum && m != kKeyMatch) s.aux = s.lit = 0;
   if (m != kKeyMatch) s.keys = 0;
-  if (m != kEnum) s.lo = s.hi = 0;
-  if (m != kTop && m != kValue && m != kColon && m != kEnum) s.value = 0;
+  const bool automaton = m == kPatternString || m == kRegex;
+  if (m != kEnum && !automaton) s.lo = 0;
+  if (m != kEnum) s.hi = 0;
+  if (m != kTop && m != kValue && m != kColon && m != kEnum && !automaton) s.value = 0;
   if (m != kNumber) s.int_only = 0;
   return true;
 }

@@ -32,7 +32,7 @@ struct JsonFrame {
 struct JsonState {
   uint64_t keys = 0;        // a listed key being read: the properties its bytes so far may still be
   uint16_t value = 0;       // the node of the value that comes next (a literal list's node while in one)
-  uint16_t lo = 0, hi = 0;  // in an enum / const: the literals [lo, hi) still matching
+  uint16_t lo = 0, hi = 0;  // in an enum / const: the literals [lo, hi) still matching; lo: a pattern's state
   uint8_t depth = 0;        // open containers (at most kJsonMaxDepth)
   uint8_t mode = 0;         // what may come next (json_constraint.cpp)
   uint8_t aux = 0;          // a literal's or key's matched bytes, a \u escape's hex digits, a number's part

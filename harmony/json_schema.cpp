@@ -156,6 +156,15 @@ class JsonSchemaCompiler {
       if (a.is_boolean()) n.extra = a.get<bool>() ? 0 : -1;
       else n.extra = compile(a, path + "/additionalProperties", depth + 1);
     }
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) fail(path, "'pattern' must be a string");
+      try {
+        out_->patterns_.push_back(ByteDfa::compile(s["pattern"].get<std::string>(), param_));
+      } catch (const InvalidRequest& e) {
+        fail(path + "/pattern", e.what());
+      }
+      n.pattern = int32_t(out_->patterns_.size() - 1);
+    }
     if (s.contains("items")) {
       const json& it = s["items"];
       if (it.is_object() || it.is_boolean()) n.items = compile(it, path + "/items", depth + 1);
@@ -212,6 +221,18 @@ std::shared_ptr<const JsonSchema> JsonSchema::choice(std::vector<std::string> te
   o->literals_.push_back(std::move(texts));
   JsonSchemaNode n;
   n.literals = 0;
+  o->nodes_.push_back(std::move(n));
+  o->root_ = 1;
+  o->raw_ = true;
+  return o;
+}
+
+std::shared_ptr<const JsonSchema> JsonSchema::regex(const std::string& pattern, const std::string& param) {
+  auto o = std::make_shared<JsonSchema>();
+  o->nodes_.emplace_back();
+  o->patterns_.push_back(ByteDfa::compile(pattern, param));
+  JsonSchemaNode n;
+  n.pattern = 0;
   o->nodes_.push_back(std::move(n));
   o->root_ = 1;
   o->raw_ = true;

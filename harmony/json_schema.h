@@ -3,15 +3,18 @@
 // held: type (one or a list), properties in the schema's order (required ones present, the others optional,
 // no other keys: xgrammar's and OpenAI strict mode's reading), additionalProperties on objects without
 // properties, items, minItems / maxItems, enum and const (matched as their compact JSON text), anyOf /
-// oneOf (the first alternative a value's first byte fits), integer (no fraction or exponent). Not held
-// (accepted, left to the model): pattern, format, minLength / maxLength, minimum / maximum, multipleOf,
-// uniqueItems, prefixItems, not, if / then / else.
+// oneOf (the first alternative a value's first byte fits), integer (no fraction or exponent), a string's
+// pattern (the whole string matches; its text written without escapes). Not held (accepted, left to the
+// model): format, minLength / maxLength, minimum / maximum, multipleOf, uniqueItems, prefixItems, not,
+// if / then / else.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "harmony/byte_regex.h"
 
 namespace mx::harmony {
 
@@ -40,6 +43,7 @@ struct JsonSchemaNode {
   int32_t items = 0;                  // arrays: each item's node
   uint8_t min_items = 0, max_items = 255;  // 255: no maximum
   int32_t literals = -1;              // enum / const: an index into JsonSchema::literals
+  int32_t pattern = -1;               // strings: an index into JsonSchema::pattern (the text between the quotes)
   std::vector<int32_t> any_of;        // alternatives, tried in order by a value's first byte
 };
 
@@ -55,6 +59,8 @@ class JsonSchema {
   // vLLM's guided_choice: the text is one of the strings as they are (not JSON), nothing around it.
   // Throws mx::InvalidRequest(param, ...) on an empty list, an empty string or one over kJsonMaxLiteral bytes.
   static std::shared_ptr<const JsonSchema> choice(std::vector<std::string> texts, const std::string& param);
+  // vLLM's guided_regex: the text matches the pattern (byte_regex.h), nothing around it.
+  static std::shared_ptr<const JsonSchema> regex(const std::string& pattern, const std::string& param);
 
   bool raw() const { return raw_; }  // a choice: no whitespace before or after the text
 
@@ -62,6 +68,7 @@ class JsonSchema {
   const JsonSchemaNode& node(int32_t i) const { return nodes_[size_t(i)]; }
   // A literal list: the values' compact JSON texts, sorted by bytes, distinct.
   const std::vector<std::string>& literals(int32_t i) const { return literals_[size_t(i)]; }
+  const ByteDfa& pattern(int32_t i) const { return *patterns_[size_t(i)]; }
   // Whether a value of node i may begin with byte c.
   bool may_start(int32_t i, uint8_t c, int depth = 0) const;
 
@@ -69,6 +76,7 @@ class JsonSchema {
   friend class JsonSchemaCompiler;
   std::vector<JsonSchemaNode> nodes_;  // node 0: any value
   std::vector<std::vector<std::string>> literals_;
+  std::vector<std::shared_ptr<const ByteDfa>> patterns_;
   int32_t root_ = 0;
   bool raw_ = false;
 };

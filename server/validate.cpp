@@ -105,27 +105,35 @@ std::shared_ptr<const harmony::JsonSchema> guided_choice(const json& v, const st
   return harmony::JsonSchema::choice(v.get<std::vector<std::string>>(), k);
 }
 
-// What holds the answer: response_format's JSON, vLLM's guided_json / guided_choice, or its newer
-// structured_outputs {json | choice | json_object}; one of them at most. Null: free text.
+// vLLM's guided_regex: the answer matches the pattern (harmony/byte_regex.h).
+std::shared_ptr<const harmony::JsonSchema> guided_regex(const json& v, const std::string& k) {
+  if (!v.is_string() || v.get<std::string>().empty()) bad(k, fmt::format("'{}' must be a non-empty string", k));
+  return harmony::JsonSchema::regex(v.get<std::string>(), k);
+}
+
+// What holds the answer: response_format's JSON, vLLM's guided_json / guided_choice / guided_regex, or its
+// newer structured_outputs {json | choice | regex | json_object}; one of them at most. Null: free text.
 std::shared_ptr<const harmony::JsonSchema> held_output(const json& body) {
   std::vector<std::pair<std::string, std::shared_ptr<const harmony::JsonSchema>>> held;
   if (present(body, "response_format"))
     if (auto s = json_format(body["response_format"])) held.emplace_back("response_format", s);
   if (present(body, "guided_json")) held.emplace_back("guided_json", guided_json(body["guided_json"], "guided_json"));
   if (present(body, "guided_choice")) held.emplace_back("guided_choice", guided_choice(body["guided_choice"], "guided_choice"));
+  if (present(body, "guided_regex")) held.emplace_back("guided_regex", guided_regex(body["guided_regex"], "guided_regex"));
   if (present(body, "structured_outputs")) {
     const json& so = body["structured_outputs"];
     if (!so.is_object()) bad("structured_outputs", "'structured_outputs' must be an object");
-    for (const char* k : {"regex", "grammar", "structural_tag"})
+    for (const char* k : {"grammar", "structural_tag"})
       if (present(so, k)) bad(std::string("structured_outputs.") + k, fmt::format("'structured_outputs.{}' is not supported", k));
     int n = 0;
     if (present(so, "json")) ++n, held.emplace_back("structured_outputs", guided_json(so["json"], "structured_outputs.json"));
     if (present(so, "choice")) ++n, held.emplace_back("structured_outputs", guided_choice(so["choice"], "structured_outputs.choice"));
+    if (present(so, "regex")) ++n, held.emplace_back("structured_outputs", guided_regex(so["regex"], "structured_outputs.regex"));
     if (present(so, "json_object")) {
       if (!so["json_object"].is_boolean()) bad("structured_outputs.json_object", "'structured_outputs.json_object' must be a boolean");
       if (so["json_object"].get<bool>()) ++n, held.emplace_back("structured_outputs", harmony::JsonSchema::any_object());
     }
-    if (n != 1) bad("structured_outputs", "'structured_outputs' must hold one of json, choice and json_object");
+    if (n != 1) bad("structured_outputs", "'structured_outputs' must hold one of json, choice, regex and json_object");
   }
   if (held.size() > 1)
     bad(held[1].first, fmt::format("'{}' and '{}' both constrain the output: give one", held[0].first, held[1].first));
@@ -221,7 +229,7 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
   }
   if (present(body, "logit_bias")) p.logit_bias = logit_bias(body["logit_bias"], lim.max_logit_bias);
   p.json_schema = held_output(body);
-  for (const char* unsupported : {"chat_template", "guided_regex", "guided_grammar"})
+  for (const char* unsupported : {"chat_template", "guided_grammar"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
   return p;
 }

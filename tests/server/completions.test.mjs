@@ -128,8 +128,8 @@ test('response_format json_object: the completion is JSON', async () => {
 });
 
 // vLLM's guided_choice (and structured_outputs.choice): the text is one of the strings, then it stops;
-// guided_json as a schema's text holds it like json_schema.
-test('guided_choice and guided_json hold a completion', async () => {
+// guided_json as a schema's text holds it like json_schema; guided_regex matches its pattern whole.
+test('guided_choice, guided_json and guided_regex hold a completion', async () => {
   const choices = ['yes', 'no', 'not sure'];
   for (const seed of [1, 2, 3, 4]) {
     for (const extra of [{ guided_choice: choices }, { structured_outputs: { choice: choices } }]) {
@@ -141,6 +141,11 @@ test('guided_choice and guided_json hold a completion', async () => {
   const r = await oa.completions.create({ model: MODEL, prompt: 'n:', max_tokens: 24, temperature: 1, seed: 5,
     guided_json: JSON.stringify({ type: 'integer' }) });
   assert.match(r.choices[0].text, /^\s*-?\d+\s*$/);
+  for (const extra of [{ guided_regex: '(yes|no), [0-9]{2}' }, { structured_outputs: { regex: '(yes|no), [0-9]{2}' } }]) {
+    const g = await oa.completions.create({ model: MODEL, prompt: 'x', max_tokens: 16, temperature: 1, seed: 7, ...extra });
+    assert.match(g.choices[0].text, /^(yes|no), [0-9]{2}$/);
+    assert.equal(g.choices[0].finish_reason, 'stop');
+  }
 });
 
 // response_format json_schema holds it to the schema: listed keys only, integer, enum, the required ones

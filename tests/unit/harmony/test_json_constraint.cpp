@@ -161,6 +161,22 @@ TEST(JsonConstraint, ChoiceIsOneOfTheStrings) {
   EXPECT_THROW(JsonSchema::choice({"a", ""}, "guided_choice"), InvalidRequest);
 }
 
+// A string's pattern (the text between the quotes, written without escapes) and guided_regex's whole text.
+TEST(JsonConstraint, PatternsHoldStringsAndTexts) {
+  const auto zip = schema(R"({"type":"object","properties":{"zip":{"type":"string","pattern":"^\\d{5}$"}},"required":["zip"]})");
+  EXPECT_EQ(run(R"({"zip":"12345"})", *zip), std::make_pair(size_t(15), true));
+  EXPECT_EQ(run(R"({"zip":"1234"})", *zip).first, 12u);
+  EXPECT_EQ(run(R"({"zip":"12a)", *zip).first, 10u);
+  EXPECT_EQ(run(R"({"zip":"123456)", *zip).first, 13u);
+  const auto re = JsonSchema::regex("(yes|no)!?", "guided_regex");
+  EXPECT_EQ(run("yes", *re), std::make_pair(size_t(3), true));
+  EXPECT_EQ(run("no!", *re), std::make_pair(size_t(3), true));
+  EXPECT_FALSE(run("ye", *re).second);
+  EXPECT_EQ(run(" yes", *re).first, 0u);
+  EXPECT_EQ(run("no!!", *re).first, 3u);
+  EXPECT_THROW(schema(R"j({"type":"string","pattern":"(?=x)"})j"), InvalidRequest);
+}
+
 // The mask holds exactly the tokens whose bytes the recognizer takes from the state, and the end ids only
 // once the object is complete; the special tokens never.
 TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
@@ -171,12 +187,15 @@ TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
   std::vector<uint64_t> bits;
   const auto any = JsonSchema::any_object();
   const auto person = schema(kPerson);
+  const auto zip = schema(R"({"properties":{"zip":{"type":"string","pattern":"[0-9]{5}"}}})");
+  const auto re = JsonSchema::regex("(yes|no)!?", "guided_regex");
   const std::vector<std::pair<const JsonSchema*, std::string>> cases = {
       {any.get(), ""}, {any.get(), "{"}, {any.get(), "{\"a\":"}, {any.get(), "{\"a\":\"some te"}, {any.get(), "{\"a\":12"},
       {any.get(), "{\"a\":[1, tr"}, {any.get(), "{\"a\":{}}"}, {any.get(), "{\"a\":\"\\u00"},
       {person.get(), "{"}, {person.get(), "{\"na"}, {person.get(), "{\"name\": \"Ada\", \""}, {person.get(), "{\"age\":1"},
       {person.get(), "{\"kind\":\"x"}, {person.get(), "{\"tags\":[\"a\","}, {person.get(), "{\"opt\":"},
-      {person.get(), "{\"name\":\"A\",\"age\":3,\"kind\":\"x\"}"}};
+      {person.get(), "{\"name\":\"A\",\"age\":3,\"kind\":\"x\"}"}, {zip.get(), "{\"zip\":\"12"}, {zip.get(), "{\"zip\":"},
+      {re.get(), ""}, {re.get(), "ye"}, {re.get(), "yes"}};
   for (const auto& [sc, prefix] : cases) {
     SCOPED_TRACE(prefix);
     JsonState s = json_start(*sc);

@@ -93,8 +93,14 @@ TEST(Validate, TableA) {
   EXPECT_EQ(bad_param(R"({"guided_choice":[]})"), "guided_choice");
   EXPECT_EQ(bad_param(R"({"guided_choice":["a",1]})"), "guided_choice");
   EXPECT_EQ(bad_param(R"({"guided_choice":[""]})"), "guided_choice");
-  EXPECT_EQ(bad_param(R"({"guided_regex":"a+"})"), "guided_regex");
-  EXPECT_EQ(bad_param(R"({"structured_outputs":{"regex":"a+"}})"), "structured_outputs.regex");
+  EXPECT_EQ(bad_param(R"({"guided_regex":"a+"})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{"regex":"a+"}})"), "<accepted>");
+  EXPECT_EQ(bad_param(R"j({"guided_regex":"(?=a)"})j"), "guided_regex");
+  EXPECT_EQ(bad_param(R"({"guided_regex":""})"), "guided_regex");
+  EXPECT_EQ(bad_param(R"({"guided_grammar":"root ::= x"})"), "guided_grammar");
+  EXPECT_EQ(bad_param(R"j({"structured_outputs":{"regex":"(a"}})j"), "structured_outputs.regex");
+  EXPECT_EQ(bad_param(R"({"structured_outputs":{"grammar":"root ::= x"}})"), "structured_outputs.grammar");
+  EXPECT_EQ(bad_param(R"({"guided_json":{"type":"string","pattern":"\\1"}})"), "guided_json");
   EXPECT_EQ(bad_param(R"({"structured_outputs":{}})"), "structured_outputs");
   EXPECT_EQ(bad_param(R"({"structured_outputs":{"json":{},"choice":["a"]}})"), "structured_outputs");
   EXPECT_EQ(bad_param(R"({"structured_outputs":{"json":{"type":"nope"}}})"), "structured_outputs.json");
