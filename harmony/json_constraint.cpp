@@ -387,6 +387,9 @@ JsonTokenMask::JsonTokenMask(std::shared_ptr<const Tokenizer> tok, std::vector<i
     }
     list.ids.push_back(id);
     list.lcp.push_back(uint16_t(std::min<size_t>(l, 65535)));
+    if (list.off.empty()) list.off.push_back(0);
+    list.blob += b;
+    list.off.push_back(uint32_t(list.blob.size()));
   };
   for (int32_t id : ids) {
     const std::string& b = tok_->token_bytes(id);
@@ -425,7 +428,7 @@ void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const Jso
       ++i;
       continue;
     }
-    const std::string& b = tok_->token_bytes(list.ids[i]);
+    const std::string_view b = list.bytes(i);
     int k = std::min(l, have);
     fail = kNone;
     for (; k < int(b.size()); ++k) {
@@ -441,10 +444,58 @@ void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const Jso
   }
 }
 
+// In a pattern the walk steps the automaton alone (a table lookup a byte, not the recognizer); a byte that
+// may end a pattern string (or is one a string cannot hold) hands the rest of that token to the recognizer.
+void JsonTokenMask::walk_pattern(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {
+  const ByteDfa& d = schema.pattern(schema.node(s.value).pattern);
+  const bool str = s.mode == kPatternString;
+  thread_local std::vector<int> q;
+  q.resize(max_len_ + 1);
+  q[0] = s.lo;
+  constexpr int kNone = 1 << 30;
+  int have = 0, fail = kNone;
+  const Sorted& list = all_;
+  const size_t n = list.ids.size();
+  for (size_t i = 0; i < n;) {
+    const int l = list.lcp[i];
+    if (l > fail) {
+      ++i;
+      continue;
+    }
+    const std::string_view b = list.bytes(i);
+    int k = std::min(l, have);
+    fail = kNone;
+    bool ok = true;
+    for (; k < int(b.size()); ++k) {
+      const uint8_t c = uint8_t(b[size_t(k)]);
+      if (str && (c == '"' || c == '\\' || c < 0x20)) {  // (rare) the recognizer takes the rest from here
+        JsonState t;
+        json_copy(t, s);
+        t.lo = uint16_t(q[size_t(k)]);
+        for (int j = k; ok && j < int(b.size()); ++j) ok = json_feed(schema, t, uint8_t(b[size_t(j)]));
+        break;  // q[0..k] stay valid; no skip (a longer token may continue differently)
+      }
+      const int to = d.next(q[size_t(k)], c);
+      if (to == ByteDfa::kDead) {
+        fail = k;
+        ok = false;
+        break;
+      }
+      q[size_t(k) + 1] = to;
+    }
+    have = k;
+    if (ok) bits[size_t(list.ids[i]) / 64] |= uint64_t(1) << (list.ids[i] % 64);
+    i = fail == 0 ? size_t(list.skip1[i]) : fail == 1 ? size_t(list.skip2[i]) : i + 1;
+  }
+}
+
 void JsonTokenMask::allowed(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {
   if (s.mode == kString || s.mode == kKeyString) {
     bits = plain_bits_;  // plain text stays inside the string
     walk(other_, schema, s, bits);
+  } else if (s.mode == kPatternString || s.mode == kRegex) {
+    bits.assign(size_t(vocab_ + 63) / 64, 0);
+    walk_pattern(schema, s, bits);
   } else {
     bits.assign(size_t(vocab_ + 63) / 64, 0);
     walk(all_, schema, s, bits);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "harmony/json_schema.h"
@@ -68,9 +69,13 @@ class JsonTokenMask {
     std::vector<int32_t> ids;
     std::vector<uint16_t> lcp;
     std::vector<int32_t> skip1, skip2;
+    std::string blob;            // the tokens' bytes in this order, one after another (read in order: no
+    std::vector<uint32_t> off;   // cache miss a token); token i is blob[off[i], off[i + 1])
+    std::string_view bytes(size_t i) const { return std::string_view(blob).substr(off[i], off[i + 1] - off[i]); }
     void index();
   };
   void walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
+  void walk_pattern(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
   std::shared_ptr<const Tokenizer> tok_;
   std::vector<int32_t> end_ids_;
   Sorted all_;
