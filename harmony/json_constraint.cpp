@@ -371,8 +371,7 @@ bool json_feed(const JsonSchema& schema, JsonState& s, uint8_t c) {
   return true;
 }
 
-JsonTokenMask::JsonTokenMask(std::shared_ptr<const Tokenizer> tok, std::vector<int32_t> end_ids)
-    : tok_(std::move(tok)), end_ids_(std::move(end_ids)), vocab_(tok_->vocab_size()) {
+JsonTokenMask::JsonTokenMask(std::shared_ptr<const Tokenizer> tok) : tok_(std::move(tok)), vocab_(tok_->vocab_size()) {
   plain_bits_.assign(size_t(vocab_ + 63) / 64, 0);
   std::vector<int32_t> ids;
   for (int32_t id = 0; id < vocab_; ++id)
@@ -499,73 +498,6 @@ void JsonTokenMask::allowed(const JsonSchema& schema, const JsonState& s, std::v
   } else {
     bits.assign(size_t(vocab_ + 63) / 64, 0);
     walk(all_, schema, s, bits);
-  }
-  if (json_done(schema, s))
-    for (int32_t id : end_ids_) bits[size_t(id) / 64] |= uint64_t(1) << (id % 64);
-}
-
-FinalChannelJson::FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, std::shared_ptr<const JsonSchema> schema,
-                                   bool from_start)
-    : mask_(std::move(mask)),
-      schema_(std::move(schema)),
-      tok_(mask_->tokenizer()),
-      phase_(from_start ? Phase::kJson : Phase::kFree),
-      state_(json_start(*schema_)) {
-  auto id = [&](const char* t) { return tok_.token_id(t).value_or(-1); };
-  channel_ = id("<|channel|>");
-  message_ = id("<|message|>");
-  constrain_ = id("<|constrain|>");
-}
-
-std::span<const uint64_t> FinalChannelJson::allowed() {
-  if (phase_ != Phase::kJson) return {};
-  if (!have_cache_ || !(cached_ == state_)) {
-    mask_->allowed(*schema_, state_, bits_);
-    json_copy(cached_, state_);
-    have_cache_ = true;
-    // (Never nothing: byte tokens continue any valid prefix, but a mask with no bit must not starve a row.)
-    any_ = std::any_of(bits_.begin(), bits_.end(), [](uint64_t w) { return w != 0; });
-  }
-  return any_ ? std::span<const uint64_t>(bits_) : std::span<const uint64_t>{};
-}
-
-void FinalChannelJson::accept(int32_t token) {
-  switch (phase_) {
-    case Phase::kFree:
-    case Phase::kDone:
-      if (token == channel_) {
-        phase_ = Phase::kChannelName;
-        name_.clear();
-      }
-      return;
-    case Phase::kChannelName:
-    case Phase::kHeader:
-      if (token == message_) {  // "final", or "final <|constrain|>json": the name's first word
-        const size_t a = name_.find_first_not_of(" \t\n"), b = name_.find_first_of(" \t\n", a);
-        const bool final = a != std::string::npos && name_.substr(a, b == std::string::npos ? b : b - a) == "final";
-        phase_ = final ? Phase::kJson : Phase::kFree;
-        state_ = json_start(*schema_);
-      } else if (token == constrain_) {
-        phase_ = Phase::kHeader;
-      } else if (tok_.is_special(token)) {
-        phase_ = token == channel_ ? Phase::kChannelName : Phase::kFree;
-        name_.clear();
-      } else if (phase_ == Phase::kChannelName) {
-        name_ += tok_.token_bytes(token);
-      }
-      return;
-    case Phase::kJson: {
-      if (tok_.is_special(token)) {  // an end id once the object is complete
-        phase_ = Phase::kDone;
-        return;
-      }
-      for (char c : tok_.token_bytes(token))
-        if (!json_feed(*schema_, state_, uint8_t(c))) {  // (not from the mask: leave the rest free)
-          phase_ = Phase::kDone;
-          return;
-        }
-      return;
-    }
   }
 }
 

@@ -1,9 +1,8 @@
 // Structured output (response_format json_object / json_schema): the assistant's final channel constrained
 // to one JSON value (an object unless a schema says otherwise), token by token. A byte-level JSON
 // recognizer (JsonState), the vocabulary walked as a trie to find the tokens that keep the text valid
-// (JsonTokenMask), and one choice's constraint that stays free through the analysis and commentary
-// channels and starts at "<|channel|>final<|message|>" (FinalChannelJson). The text follows the request's schema (json_schema.h; json_object: any object), which
-// also reaches the model through the developer message (render.cpp).
+// (JsonTokenMask); output_constraint.h holds a choice to it. The text follows the request's schema
+// (json_schema.h; json_object: any object).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -54,11 +53,11 @@ void json_copy(JsonState& to, const JsonState& from);  // the header and the ope
 // tokens that may follow a state are found in one walk that skips every token under a rejected prefix.
 class JsonTokenMask {
  public:
-  // end_ids: the tokens that may end the text once the object is complete (<|return|>, <|end|>).
-  JsonTokenMask(std::shared_ptr<const Tokenizer> tok, std::vector<int32_t> end_ids);
+  explicit JsonTokenMask(std::shared_ptr<const Tokenizer> tok);
   int vocab_size() const { return vocab_; }
   const Tokenizer& tokenizer() const { return *tok_; }
-  // bits[vocab_size / 64 rounded up]: the tokens whose bytes keep s valid, and the end ids when s is done.
+  // bits[vocab_size / 64 rounded up]: the ordinary tokens whose bytes keep s valid (the caller adds its end
+  // ids when json_done).
   void allowed(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
 
  private:
@@ -77,7 +76,6 @@ class JsonTokenMask {
   void walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
   void walk_pattern(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const;
   std::shared_ptr<const Tokenizer> tok_;
-  std::vector<int32_t> end_ids_;
   Sorted all_;
   // Inside a string most tokens are plain text (no quote, backslash or control byte): those are allowed
   // at once and only the others walked (~1 ms instead of ~30 for the whole vocabulary).
@@ -85,33 +83,6 @@ class JsonTokenMask {
   Sorted other_;
   int vocab_ = 0;
   size_t max_len_ = 0;
-};
-
-// One choice's constraint: free until the assistant opens its final channel, then one JSON object, then
-// an end token. Tokens outside the final channel are free; a channel header's name is read from its bytes.
-class FinalChannelJson {
- public:
-  // from_start: held from the first token (a raw completion, which has no channels).
-  FinalChannelJson(std::shared_ptr<const JsonTokenMask> mask, std::shared_ptr<const JsonSchema> schema,
-                   bool from_start = false);
-  // The tokens the next one may be, as bits over the vocabulary; empty when it is free.
-  std::span<const uint64_t> allowed();
-  void accept(int32_t token);  // a generated token
-  bool active() const { return phase_ == Phase::kJson; }
-
- private:
-  enum class Phase { kFree, kChannelName, kHeader, kJson, kDone };
-  std::shared_ptr<const JsonTokenMask> mask_;
-  std::shared_ptr<const JsonSchema> schema_;
-  const Tokenizer& tok_;
-  int32_t channel_ = -1, message_ = -1, constrain_ = -1;
-  Phase phase_ = Phase::kFree;
-  std::string name_;
-  JsonState state_;
-  JsonState cached_;  // the state bits_ were computed for (strings keep one state over many tokens)
-  bool have_cache_ = false;
-  bool any_ = false;  // bits_ has an id set
-  std::vector<uint64_t> bits_;
 };
 
 }  // namespace mx::harmony

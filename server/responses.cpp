@@ -50,6 +50,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
   auto run = std::make_shared<ResponseRun>();
   CommonParams p;
   std::vector<int32_t> prompt, forced;
+  std::shared_ptr<const harmony::ToolSchemas> held_tools;
   runtime::Engine* e = nullptr;
   try {
     run->req = parse_responses_request(*body, responses);
@@ -60,6 +61,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     prompt = harmony::render_chat(cr, *tok).tokens;
     forced = forced_call(run->req.chat_body.value("tool_choice", json()), cr);
     prompt.insert(prompt.end(), forced.begin(), forced.end());
+    held_tools = harmony::held_tool_schemas(cr.tools, run->req.chat_body.value("tool_choice", json()));
   } catch (const UnknownResponse& ex) {
     send_error(res, 404, ex.what(), "not_found_error", "previous_response_id");
     return;
@@ -71,6 +73,8 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
         param = "text.format" + param.substr(std::string(chat_form).size());
         break;
       }
+    if (const size_t f = param.find("].function."); param.rfind("tools[", 0) == 0 && f != std::string::npos)
+      param.erase(f + 1, 9);  // tools[i].function.parameters -> tools[i].parameters
     send_error(res, 400, ex.what(), "invalid_request_error", param);
     return;
   } catch (const std::exception& ex) {
@@ -78,7 +82,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     return;
   }
   std::vector<std::unique_ptr<ChoiceState>> choices;
-  if (!submit(*e, prompt, p, true, choices, res, forced)) return;
+  if (!submit(*e, prompt, p, true, choices, res, forced, held_tools)) return;
   auto c = std::shared_ptr<ChoiceState>(std::move(choices.front()));
   run->prompt_tokens = int(prompt.size());
   const auto t0 = clock_t_::now();

@@ -110,6 +110,7 @@ json chat_tools(const json& tools) {
     json f = {{"name", t.value("name", json())}};
     if (given(t, "description")) f["description"] = t["description"];
     if (given(t, "parameters")) f["parameters"] = t["parameters"];
+    if (given(t, "strict")) f["strict"] = t["strict"];
     out.push_back({{"type", "function"}, {"function", f}});
   }
   return out;

@@ -14,6 +14,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   if (!body) return;
   CommonParams p;
   std::vector<int32_t> prompt, forced;
+  std::shared_ptr<const harmony::ToolSchemas> held_tools;
   runtime::Engine* e = nullptr;
   try {
     p = parse_common(*body, chat, opt.limits);
@@ -28,6 +29,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       prompt = harmony::render_chat(cr, *tok).tokens;
       forced = forced_call(body->value("tool_choice", json()), cr);
       prompt.insert(prompt.end(), forced.begin(), forced.end());
+      held_tools = harmony::held_tool_schemas(cr.tools, body->value("tool_choice", json()));
     } else {
       if (!body->contains("prompt")) throw InvalidRequest("prompt", "'prompt' is required");
       const json& pr = (*body)["prompt"];
@@ -54,7 +56,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     return;
   }
   auto choices = std::make_shared<std::vector<std::unique_ptr<ChoiceState>>>();
-  if (!submit(*e, prompt, p, chat, *choices, res, forced)) return;
+  if (!submit(*e, prompt, p, chat, *choices, res, forced, held_tools)) return;
   const auto t0 = clock_t_::now();
   const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();

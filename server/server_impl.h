@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "harmony/harmony.h"
-#include "harmony/json_constraint.h"
+#include "harmony/output_constraint.h"
 #include "server/responses.h"
 #include "server/server.h"
 
@@ -57,17 +57,17 @@ struct ChoiceState {
   bool stopped_by_string = false;
 };
 
-// response_format's JSON constraint as the engine asks for it (one a choice).
+// Structured output as the engine asks for it (one a choice): harmony/output_constraint.h.
 class JsonOutput : public runtime::TokenConstraint {
  public:
-  JsonOutput(std::shared_ptr<const harmony::JsonTokenMask> mask, std::shared_ptr<const harmony::JsonSchema> schema,
-             bool from_start)
-      : c_(std::move(mask), std::move(schema), from_start) {}
+  JsonOutput(std::shared_ptr<const harmony::JsonTokenMask> mask, std::shared_ptr<const harmony::JsonSchema> final_schema,
+             std::shared_ptr<const harmony::ToolSchemas> tools, bool from_start, std::vector<int32_t> end_ids)
+      : c_(std::move(mask), std::move(final_schema), std::move(tools), from_start, std::move(end_ids)) {}
   std::span<const uint64_t> allowed() override { return c_.allowed(); }
   void accept(int32_t token) override { c_.accept(token); }
 
  private:
-  harmony::FinalChannelJson c_;
+  harmony::OutputConstraint c_;
 };
 
 struct Server::Impl {
@@ -79,18 +79,13 @@ struct Server::Impl {
   std::vector<int32_t> eos_ids, chat_stop_ids;
   Metrics metrics;
   std::mutex json_mask_mu;
-  std::shared_ptr<const harmony::JsonTokenMask> json_masks[2];  // [chat]: built at the first JSON request (~0.25 s)
+  std::shared_ptr<const harmony::JsonTokenMask> json_mask_;  // built at the first held request (~0.25 s)
 
-  // The vocabulary's JSON walk; a chat's final channel ends with <|return|>, a raw completion with an eos id.
-  std::shared_ptr<const harmony::JsonTokenMask> json_mask(bool chat) {
+  // The vocabulary sorted for structured output's walks.
+  std::shared_ptr<const harmony::JsonTokenMask> json_mask() {
     std::lock_guard lk(json_mask_mu);
-    auto& m = json_masks[chat];
-    if (!m) {
-      std::vector<int32_t> ends = eos_ids;
-      if (chat) ends = {tok->token_id("<|return|>").value_or(eos_ids.empty() ? 0 : eos_ids[0])};
-      m = std::make_shared<const harmony::JsonTokenMask>(tok, ends);
-    }
-    return m;
+    if (!json_mask_) json_mask_ = std::make_shared<const harmony::JsonTokenMask>(tok);
+    return json_mask_;
   }
 
   bool authorized(const httplib::Request& req, httplib::Response& res) {
@@ -142,9 +137,10 @@ struct Server::Impl {
   // Submits n choices; answers 429 and returns false if the queue is full.
   // `forced`: the prompt's last tokens, the start of a forced tool call (forced_tool_call_prefix): each
   // choice's parser reads them first, so the call's name is reported like a generated one.
+  // `tools`: the calls whose arguments are held to their schemas (harmony::held_tool_schemas).
   bool submit(runtime::Engine& e, const std::vector<int32_t>& prompt, const CommonParams& p, bool chat,
               std::vector<std::unique_ptr<ChoiceState>>& out, httplib::Response& res,
-              const std::vector<int32_t>& forced = {}) {
+              const std::vector<int32_t>& forced = {}, std::shared_ptr<const harmony::ToolSchemas> tools = nullptr) {
     int limit = e.max_model_len();
     int max_tokens = p.max_tokens < 0 ? limit - int(prompt.size()) : p.max_tokens;
     if (int(prompt.size()) + std::max(max_tokens, 1) > limit) {
@@ -173,7 +169,11 @@ struct Server::Impl {
       g.max_tokens = max_tokens;
       g.min_tokens = p.min_tokens;
       g.logit_bias = p.logit_bias;
-      if (p.json_schema) g.constraint = std::make_shared<JsonOutput>(json_mask(chat), p.json_schema, !chat);
+      if (p.json_schema || tools) {
+        auto held = std::make_shared<JsonOutput>(json_mask(), p.json_schema, tools, !chat, eos_ids);
+        for (int32_t t : forced) held->accept(t);  // the prompt's forced call header, as if generated
+        g.constraint = std::move(held);
+      }
       if (!p.ignore_eos) g.stop_token_ids = chat ? chat_stop_ids : eos_ids;
       g.stop_token_ids.insert(g.stop_token_ids.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
       g.deadline = deadline;

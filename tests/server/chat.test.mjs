@@ -106,6 +106,31 @@ test('tool definitions are accepted, with tool_choice auto and none', async () =
   }
 });
 
+// A named tool_choice starts the call in the prompt; its arguments are held to the function's parameters
+// (the tiny random model's text is JSON that follows them whenever the call ends), and a strict
+// function's unreadable schema is a 400 naming it.
+test('a forced call\'s arguments follow its parameters', async () => {
+  const strictTools = [{ type: 'function', function: { name: 'get_weather', strict: true, parameters: { type: 'object',
+    properties: { city: { type: 'string' }, unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'], additionalProperties: false } } }];
+  let ended = 0;
+  for (const seed of [1, 2, 3, 4, 5, 6]) {
+    const r = await oa.chat.completions.create({ model: MODEL, messages: user('Weather in Paris?'), tools: strictTools,
+      tool_choice: { type: 'function', function: { name: 'get_weather' } }, max_tokens: 48, temperature: 1, seed });
+    const c = r.choices[0];
+    if (c.finish_reason !== 'tool_calls') continue;
+    ended += 1;
+    const args = JSON.parse(c.message.tool_calls[0].function.arguments);
+    assert.deepEqual(Object.keys(args).sort(), ['city', 'unit']);
+    assert.equal(typeof args.city, 'string');
+    assert.ok(['c', 'f'].includes(args.unit));
+  }
+  assert.ok(ended > 0, 'no call ended within max_tokens');
+  const bad = [{ type: 'function', function: { name: 'f', strict: true, parameters: { type: 'obj' } } }];
+  const err = await oa.chat.completions.create({ model: MODEL, messages: user('x'), tools: bad, max_tokens: 4 }).then(() => null, (e) => e);
+  assert.equal(err?.status, 400);
+  assert.equal(err.error.param, 'tools[0].function.parameters');
+});
+
 test('response_format text, json_object and json_schema are accepted', async () => {
   for (const response_format of [{ type: 'text' }, { type: 'json_object' },
     { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: { type: 'object', properties: { name: { type: 'string' } } } } }]) {

@@ -177,13 +177,12 @@ TEST(JsonConstraint, PatternsHoldStringsAndTexts) {
   EXPECT_THROW(schema(R"j({"type":"string","pattern":"(?=x)"})j"), InvalidRequest);
 }
 
-// The mask holds exactly the tokens whose bytes the recognizer takes from the state, and the end ids only
-// once the object is complete; the special tokens never.
+// The mask holds exactly the ordinary tokens whose bytes the recognizer takes from the state; the special
+// tokens never (output_constraint.h adds its end ids).
 TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
   auto tok = real_tok();
   if (!tok) GTEST_SKIP() << ".assets/tokenizer/tokenizer.json missing";
-  const int32_t ret = tok->token_id("<|return|>").value();
-  auto mask = std::make_shared<JsonTokenMask>(tok, std::vector<int32_t>{ret});
+  auto mask = std::make_shared<JsonTokenMask>(tok);
   std::vector<uint64_t> bits;
   const auto any = JsonSchema::any_object();
   const auto person = schema(kPerson);
@@ -206,54 +205,12 @@ TEST(JsonConstraint, MaskIsEveryTokenThatFits) {
       bool fits = !tok->is_special(id) && !tok->token_bytes(id).empty();
       JsonState t = s;
       for (char c : tok->token_bytes(id)) fits = fits && json_feed(*sc, t, uint8_t(c));
-      if (id == ret) fits = json_done(*sc, s);
       const bool got = bits[size_t(id) / 64] >> (id % 64) & 1;
       ASSERT_EQ(got, fits) << "token " << id << " '" << tok->token_bytes(id) << "'";
       n += got;
     }
-    EXPECT_GT(n, 0);
+    EXPECT_GT(n, json_done(*sc, s) ? -1 : 0);  // (a complete guided_regex text may take nothing more)
   }
-}
-
-// A harmony completion: the analysis channel is free, the final channel's text is held to one object
-// (each token of a valid answer is in the mask before it is taken; <|return|> only once it is complete),
-// and after the end the choice is free again.
-TEST(JsonConstraint, FinalChannelOnly) {
-  auto tok = real_tok();
-  if (!tok) GTEST_SKIP() << ".assets/tokenizer/tokenizer.json missing";
-  const int32_t ret = tok->token_id("<|return|>").value(), end = tok->token_id("<|end|>").value();
-  auto mask = std::make_shared<JsonTokenMask>(tok, std::vector<int32_t>{ret, end});
-  FinalChannelJson c(mask, JsonSchema::any_object());
-  auto allowed = [&](int32_t id) {
-    auto bits = c.allowed();
-    return bits.empty() || (bits[size_t(id) / 64] >> (id % 64) & 1);
-  };
-  for (int32_t t : tok->encode("<|channel|>analysis<|message|>Think: [1, 2}<|end|><|start|>assistant", true)) {
-    EXPECT_TRUE(c.allowed().empty());
-    c.accept(t);
-  }
-  for (int32_t t : tok->encode("<|channel|>final <|constrain|>json<|message|>", true)) {
-    EXPECT_FALSE(c.active());
-    c.accept(t);
-  }
-  ASSERT_TRUE(c.active());
-  EXPECT_FALSE(allowed(ret));
-  EXPECT_FALSE(allowed(tok->encode("[", false)[0]));
-  EXPECT_FALSE(allowed(tok->encode("Sure", false)[0]));
-  for (int32_t t : tok->encode("{\"name\": \"Ada\", \"born\": 1815, \"tags\": [\"math\", null]}", false)) {
-    ASSERT_TRUE(allowed(t)) << "'" << tok->token_bytes(t) << "'";
-    EXPECT_FALSE(allowed(ret));
-    c.accept(t);
-  }
-  EXPECT_TRUE(allowed(ret));
-  EXPECT_FALSE(allowed(tok->encode("x", false)[0]));
-  c.accept(ret);
-  EXPECT_FALSE(c.active());
-  EXPECT_TRUE(c.allowed().empty());
-  FinalChannelJson other(mask, JsonSchema::any_object());  // another channel's name: free
-  for (int32_t t : tok->encode("<|channel|>commentary<|message|>{", true)) c.accept(t), other.accept(t);
-  EXPECT_FALSE(other.active());
-  EXPECT_TRUE(other.allowed().empty());
 }
 
 }  // namespace
