@@ -140,6 +140,11 @@ void NcclComm::all_reduce_sum_f32(const float* in, float* out, size_t n, cudaStr
   ready(lib().all_reduce(in, out, n, ncclFloat32, ncclSum, static_cast<ncclComm_t>(comm_), s), "all-reduce");
 }
 
+void NcclComm::all_reduce_sum_bf16(uint16_t* buf, size_t n, cudaStream_t s) {
+  if (!comm_) ready(0, "all-reduce");
+  ready(lib().all_reduce(buf, buf, n, ncclBfloat16, ncclSum, static_cast<ncclComm_t>(comm_), s), "all-reduce");
+}
+
 void NcclComm::all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s) {
   if (!comm_) ready(0, "all-gather");
   ready(lib().all_gather(send, recv, bytes, ncclUint8, static_cast<ncclComm_t>(comm_), s), "all-gather");

@@ -34,6 +34,8 @@ class NcclComm {
   // In place: buf[i] = sum over ranks (fp32). Enqueued on s (graph-capturable).
   void all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s);
   void all_reduce_sum_f32(const float* in, float* out, size_t n, cudaStream_t s);  // out of place
+  // In place over bf16 values (bf16_wire.h), summed by NCCL in bf16.
+  void all_reduce_sum_bf16(uint16_t* buf, size_t n, cudaStream_t s);
   // recv = the ranks' `bytes` each, in rank order.
   void all_gather(const void* send, void* recv, size_t bytes, cudaStream_t s);
   // Waits for s, polling NCCL's asynchronous error; a failed peer or a wait past timeout_s aborts the

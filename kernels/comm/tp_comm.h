@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mx::cuda {
 
@@ -17,6 +18,10 @@ struct TpComm {
   int rank = 0, size = 1;
   NcclComm* nccl = nullptr;
   const PeerAllReduce* peer = nullptr;  // null: NCCL for every size (no peer access between the GPUs)
+  // NCCL's sums of at least wire_min_elems values (and at most wire_elems) go as bf16 through `wire`
+  // (bf16_wire.h): half the bytes of the prefill and widest decode steps' sums. Null: fp32 throughout.
+  uint16_t* wire = nullptr;
+  size_t wire_elems = 0, wire_min_elems = 0;
 
   // In place, buf[i] = the sum over ranks; every rank calls it with the same n in the same order.
   void all_reduce_sum_f32(float* buf, size_t n, cudaStream_t s) const;

@@ -20,6 +20,8 @@ constexpr double kJoinTimeoutS = 120;  // NCCL's set-up: every rank joins within
 // A wide step's rows summed over peer memory: at two GPUs up to 1024, at more 256 / (ranks - 1) (docs/perf.md,
 // sessions 34 and 36: the one-shot push moves ranks - 1 times the ring's bytes).
 constexpr int kPeerSumRowsTwoGpus = 1024, kPeerSumRowsMore = 256;
+// NCCL's sums from this size on go as bf16 (a pack and an unpack launch cost less than the bytes saved).
+constexpr size_t kWireMinElems = size_t(256) << 10;
 
 // What every node must agree on (the same steps, shapes and paths); the model path may differ by host.
 std::string agreed_flags(const CudaEngineOptions& o) {
@@ -72,6 +74,8 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
   if (peers) peer_ = std::make_unique<cuda::PeerAllReduce>(local, std::max(decode_sum, wide_sum), decode_sum);
   nccl_.resize(size_t(local));
   comms_.resize(size_t(local));
+  wires_.assign(size_t(local), nullptr);
+  hidden_ = cfg.hidden_size;
   group_ = std::make_unique<RankGroup>(
       RankGroupOptions{tp, agreed_flags(opt), opt.tp_step_timeout_s}, id,
       [this](int r, const std::string& secret) { return set_up(r, secret); },
@@ -83,7 +87,14 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
             tp.first_rank(), tp.first_rank() + local - 1, tp.size, peer_ ? "peer memory" : "NCCL");
 }
 
-TpRunner::~TpRunner() { group_.reset(); }
+TpRunner::~TpRunner() {
+  group_.reset();
+  for (size_t r = 0; r < wires_.size(); ++r)
+    if (wires_[r]) {
+      cudaSetDevice(int(r));
+      cudaFree(wires_[r]);
+    }
+}
 
 // On local rank r's thread: its device, the collectives (warmed up outside any graph capture), its runner.
 std::unique_ptr<ModelRunner> TpRunner::set_up(int r, const std::string& nccl_id) {
@@ -95,6 +106,12 @@ std::unique_ptr<ModelRunner> TpRunner::set_up(int r, const std::string& nccl_id)
   nccl_[size_t(r)] = std::make_unique<cuda::NcclComm>(id, rank, size, kJoinTimeoutS);
   if (peer_) peer_->join(r);
   comms_[size_t(r)] = cuda::TpComm{rank, size, nccl_[size_t(r)].get(), peer_.get()};
+  // The bf16 wire of NCCL's large sums (bf16_wire.h): the widest step's rows.
+  const size_t wire_elems = size_t(std::max(opt_.max_tokens_per_step, opt_.max_num_seqs)) * size_t(hidden_);
+  MX_CUDA(cudaMalloc(&wires_[size_t(r)], wire_elems * 2));
+  comms_[size_t(r)].wire = wires_[size_t(r)];
+  comms_[size_t(r)].wire_elems = wire_elems;
+  comms_[size_t(r)].wire_min_elems = kWireMinElems;
   // Each collective at the sizes the steps use, eagerly: NCCL makes a protocol's connections on its first
   // use, which must not happen inside a graph capture.
   constexpr size_t kWarmFloats = size_t(2) << 20;  // 8 MB a rank: as large as any protocol switch
@@ -106,6 +123,7 @@ std::unique_ptr<ModelRunner> TpRunner::set_up(int r, const std::string& nccl_id)
   for (size_t n = 1; n <= kWarmFloats; n *= 8) {
     comms_[size_t(r)].all_reduce_sum_f32(buf, n, s);  // the peer path for small n (or NCCL)
     nccl_[size_t(r)]->all_reduce_sum_f32(buf, n, s);
+    nccl_[size_t(r)]->all_reduce_sum_bf16(reinterpret_cast<uint16_t*>(buf), n, s);
     nccl_[size_t(r)]->all_gather(buf + size_t(rank) * n, buf, n * 4, s);
   }
   nccl_[size_t(r)]->sync(s, kJoinTimeoutS);

@@ -39,6 +39,8 @@ class TpRunner final : public CudaRunnerBase {
   std::unique_ptr<cuda::PeerAllReduce> peer_;  // one host, peer access between every pair of GPUs
   std::vector<std::unique_ptr<cuda::NcclComm>> nccl_;
   std::vector<cuda::TpComm> comms_;
+  std::vector<uint16_t*> wires_;  // each local rank's bf16 wire (TpComm::wire), on its device
+  int hidden_ = 0;
   std::unique_ptr<RankGroup> group_;  // last: its threads use the members above
 };
 

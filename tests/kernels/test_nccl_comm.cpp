@@ -4,12 +4,14 @@
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/comm/nccl_comm.h"
+#include "kernels/comm/tp_comm.h"
 
 namespace {
 using namespace mx;
@@ -67,6 +69,70 @@ TEST(NcclComm, AllReduceAndAllGatherAcrossGpus) {
     }
     for (int q = 0; q < world; ++q)
       for (int j = 0; j < 4; ++j) EXPECT_EQ(gathered[size_t(r)][size_t(q) * 4 + j], sums[size_t(q)][size_t(q + j)]);
+  }
+}
+
+// TpComm's large sums over the bf16 wire (bf16_wire.h): each rank's fp32 rows rounded to bf16, summed by
+// NCCL, widened back; the partial rows zeroed; within bf16's rounding of the exact sum, the same bits on
+// every rank, and exact where the values are bf16 already.
+TEST(NcclComm, LargeSumsGoOverTheBf16Wire) {
+  std::string why;
+  if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;
+  const int world = gpu_count();
+  if (world < 2) GTEST_SKIP() << "needs two GPUs";
+  const cuda::NcclId id = cuda::nccl_unique_id();
+  const size_t n = 300 * 1024 + 3;  // past the wire's minimum, not a multiple of 4
+  const size_t W = static_cast<size_t>(world);
+  auto value = [](int r, size_t i) { return float(r + 1) * 0.37f + float(i % 101) * 0.011f - 0.5f; };
+  auto exact = [](int r, size_t i) { return float(r + 1) * 0.5f + float(i % 13); };  // bf16 already
+  std::vector<std::vector<float>> sums(W), exacts(W), left(W);
+  std::vector<std::string> errors(W);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        cudaSetDevice(r);
+        cuda::NcclComm comm(id, r, world, 60);
+        cudaStream_t s;
+        cudaStreamCreate(&s);
+        float *in = nullptr, *out = nullptr, *buf = nullptr;
+        uint16_t* wire = nullptr;
+        cudaMalloc(&in, n * 4);
+        cudaMalloc(&out, n * 4);
+        cudaMalloc(&buf, n * 4);
+        cudaMalloc(&wire, n * 2);
+        std::vector<float> h(n), e(n);
+        for (size_t i = 0; i < n; ++i) h[i] = value(r, i), e[i] = exact(r, i);
+        cudaMemcpy(in, h.data(), n * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(buf, e.data(), n * 4, cudaMemcpyHostToDevice);
+        const cuda::TpComm tp{r, world, &comm, nullptr, wire, n, 1024};
+        tp.reduce_into(in, out, n, s);
+        tp.all_reduce_sum_f32(buf, n, s);
+        comm.sync(s, 60);
+        sums[size_t(r)].resize(n);
+        exacts[size_t(r)].resize(n);
+        left[size_t(r)].resize(n);
+        cudaMemcpy(sums[size_t(r)].data(), out, n * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(exacts[size_t(r)].data(), buf, n * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(left[size_t(r)].data(), in, n * 4, cudaMemcpyDeviceToHost);
+        for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(buf), static_cast<void*>(wire)})
+          cudaFree(p);
+        cudaStreamDestroy(s);
+      } catch (const Error& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
+    for (size_t i = 0; i < n; ++i) {
+      float want = 0, want_exact = 0, mag = 0;
+      for (int q = 0; q < world; ++q) want += value(q, i), want_exact += exact(q, i), mag += std::fabs(value(q, i));
+      ASSERT_NEAR(sums[size_t(r)][i], want, mag * 0.008f) << "rank " << r << " i " << i;  // two bf16 roundings
+      ASSERT_EQ(sums[size_t(r)][i], sums[0][i]) << "rank " << r << " i " << i;
+      ASSERT_EQ(exacts[size_t(r)][i], want_exact) << "rank " << r << " i " << i;
+      ASSERT_EQ(left[size_t(r)][i], 0.f);
+    }
   }
 }
 
