@@ -196,15 +196,20 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema, const 
   return JsonSchemaCompiler(schema, param).run();
 }
 
+std::shared_ptr<JsonSchema> JsonSchema::with_root(JsonSchemaNode root, bool raw) {
+  auto o = std::make_shared<JsonSchema>();
+  o->nodes_.emplace_back();  // node 0: any value
+  o->nodes_.push_back(std::move(root));
+  o->root_ = 1;
+  o->raw_ = raw;
+  return o;
+}
+
 std::shared_ptr<const JsonSchema> JsonSchema::any_object() {
   static const std::shared_ptr<const JsonSchema> s = [] {
-    auto o = std::make_shared<JsonSchema>();
-    o->nodes_.emplace_back();
     JsonSchemaNode n;
     n.types = kJsonObject;
-    o->nodes_.push_back(n);
-    o->root_ = 1;
-    return o;
+    return with_root(std::move(n), false);
   }();
   return s;
 }
@@ -216,26 +221,18 @@ std::shared_ptr<const JsonSchema> JsonSchema::choice(std::vector<std::string> te
       throw InvalidRequest(param, fmt::format("'{}' strings must be 1 to {} bytes", param, kJsonMaxLiteral));
   std::sort(texts.begin(), texts.end());
   texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
-  auto o = std::make_shared<JsonSchema>();
-  o->nodes_.emplace_back();
-  o->literals_.push_back(std::move(texts));
   JsonSchemaNode n;
   n.literals = 0;
-  o->nodes_.push_back(std::move(n));
-  o->root_ = 1;
-  o->raw_ = true;
+  auto o = with_root(std::move(n), true);
+  o->literals_.push_back(std::move(texts));
   return o;
 }
 
 std::shared_ptr<const JsonSchema> JsonSchema::regex(const std::string& pattern, const std::string& param) {
-  auto o = std::make_shared<JsonSchema>();
-  o->nodes_.emplace_back();
-  o->patterns_.push_back(ByteDfa::compile(pattern, param));
   JsonSchemaNode n;
   n.pattern = 0;
-  o->nodes_.push_back(std::move(n));
-  o->root_ = 1;
-  o->raw_ = true;
+  auto o = with_root(std::move(n), true);
+  o->patterns_.push_back(ByteDfa::compile(pattern, param));
   return o;
 }
 

@@ -74,6 +74,7 @@ class JsonSchema {
 
  private:
   friend class JsonSchemaCompiler;
+  static std::shared_ptr<JsonSchema> with_root(JsonSchemaNode root, bool raw);  // node 0 (any) and the root
   std::vector<JsonSchemaNode> nodes_;  // node 0: any value
   std::vector<std::vector<std::string>> literals_;
   std::vector<std::shared_ptr<const ByteDfa>> patterns_;

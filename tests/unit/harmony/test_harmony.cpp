@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "harmony/harmony.h"
+#include "tests/unit/harmony/real_tokenizer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -23,13 +24,7 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-std::shared_ptr<const Tokenizer> real_tok() {
-  static std::shared_ptr<const Tokenizer> tok = [] {
-    fs::path p = fs::path(MX_SOURCE_DIR) / ".assets/tokenizer/tokenizer.json";
-    return fs::exists(p) ? Tokenizer::load(p.string()) : nullptr;
-  }();
-  return tok;
-}
+using mx::testing::real_tok;
 
 #define NEED_TOK()                                                  \
   auto tok = real_tok();                                            \

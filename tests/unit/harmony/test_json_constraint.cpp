@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "harmony/json_constraint.h"
 #include "nlohmann/json.hpp"
+#include "tests/unit/harmony/real_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -18,13 +19,7 @@ using namespace mx::harmony;
 
 namespace {
 
-std::shared_ptr<const Tokenizer> real_tok() {
-  static std::shared_ptr<const Tokenizer> tok = [] {
-    fs::path p = fs::path(MX_SOURCE_DIR) / ".assets/tokenizer/tokenizer.json";
-    return fs::exists(p) ? Tokenizer::load(p.string()) : nullptr;
-  }();
-  return tok;
-}
+using mx::testing::real_tok;
 
 // How many bytes of text the recognizer takes (text.size() when all), and whether it ends complete.
 std::pair<size_t, bool> run(const std::string& text, const JsonSchema& sc = *JsonSchema::any_object()) {

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "harmony/output_constraint.h"
+#include "tests/unit/harmony/real_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -17,13 +18,7 @@ using nlohmann::json;
 
 namespace {
 
-std::shared_ptr<const Tokenizer> real_tok() {
-  static std::shared_ptr<const Tokenizer> tok = [] {
-    fs::path p = fs::path(MX_SOURCE_DIR) / ".assets/tokenizer/tokenizer.json";
-    return fs::exists(p) ? Tokenizer::load(p.string()) : nullptr;
-  }();
-  return tok;
-}
+using mx::testing::real_tok;
 
 struct Held {
   OutputConstraint& c;
