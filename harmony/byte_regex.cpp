@@ -276,7 +276,7 @@ class ByteDfaBuilder {
     throw InvalidRequest(param_, fmt::format("the pattern cannot be used: {}", msg));
   }
   int add() {
-    if (nfa_.size() >= 200000) fail("it is too large (over 200,000 automaton states)");
+    if (nfa_.size() >= 20000) fail("it is too large (over 20,000 automaton states before determinizing)");
     nfa_.emplace_back();
     return int(nfa_.size() - 1);
   }
@@ -373,15 +373,17 @@ class ByteDfaBuilder {
     }
   }
 
-  void closure(std::vector<int>& set) const {
-    std::vector<int> stack = set;
-    std::vector<char> in(nfa_.size(), 0);
-    for (int x : set) in[size_t(x)] = 1;
-    while (!stack.empty()) {
-      const int x = stack.back();
-      stack.pop_back();
+  // The set and every state its epsilon edges reach, sorted (mark_ stamps this call's states: no clearing).
+  void closure(std::vector<int>& set) {
+    if (mark_.size() < nfa_.size()) mark_.resize(nfa_.size(), 0);
+    ++stamp_;
+    stack_.assign(set.begin(), set.end());
+    for (int x : set) mark_[size_t(x)] = stamp_;
+    while (!stack_.empty()) {
+      const int x = stack_.back();
+      stack_.pop_back();
       for (int y : nfa_[size_t(x)].eps)
-        if (!in[size_t(y)]) in[size_t(y)] = 1, set.push_back(y), stack.push_back(y);
+        if (mark_[size_t(y)] != stamp_) mark_[size_t(y)] = stamp_, set.push_back(y), stack_.push_back(y);
     }
     std::sort(set.begin(), set.end());
   }
@@ -421,6 +423,9 @@ class ByteDfaBuilder {
 
   const std::string& param_;
   std::vector<State> nfa_;
+  std::vector<uint32_t> mark_;
+  uint32_t stamp_ = 0;
+  std::vector<int> stack_;
 };
 
 std::shared_ptr<const ByteDfa> ByteDfa::compile(const std::string& pattern, const std::string& param) {
