@@ -70,6 +70,20 @@ std::string forced_tool_call_prefix(const nlohmann::json& tool_choice);
 // Generation stops on these (<|return|>, <|call|>); <|end|> is not a stop.
 std::vector<int32_t> stop_token_ids(const Tokenizer& tok);
 
+// The harmony format's special token ids in a tokenizer (-1 where it has none).
+struct SpecialIds {
+  int32_t start, end, message, channel, constrain, ret, call;
+  explicit SpecialIds(const Tokenizer& tok);
+};
+
+// A message header's channel and recipient, as "<|channel|>commentary to=functions.f <|constrain|>json" or
+// " to=functions.f<|channel|>commentary json" spell them: the words after "<|channel|>" and after "to="
+// (empty when absent). The streaming parser and structured output (output_constraint.h) read headers alike.
+struct MessageHeader {
+  std::string channel, recipient;
+};
+MessageHeader read_header(const std::string& header);
+
 // Streaming parser of generated tokens (starts inside the assistant header, since the prompt
 // ends with "<|start|>assistant"). Tolerates "to=" in either place and malformed or truncated
 // output: it never throws on model output.

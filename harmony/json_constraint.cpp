@@ -413,13 +413,19 @@ void JsonTokenMask::Sorted::index() {
   }
 }
 
-void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {
-  thread_local std::vector<JsonState> st;  // a state a prefix byte; no allocation after a thread's first walk
-  st.resize(max_len_ + 1);
-  json_copy(st[0], s);
+namespace {
+
+// What a walk's step says of a token's byte k: it continues the prefix (state k + 1 written), fails it
+// (every token under that prefix is skipped), or decides this token alone from here (states 0..k stay).
+enum class Byte { kNext, kFail, kTokenOk, kTokenBad };
+
+// The sorted tokens walked as a trie: a token reuses the states of the prefix it shares with the one
+// before, and a prefix that failed skips its tokens at once (a first or second byte in one jump).
+template <class List, class Step>
+void walk_sorted(const List& list, Step&& step, std::vector<uint64_t>& bits) {
   constexpr int kNone = 1 << 30;
-  int have = 0;     // st[0..have] are the states after the current prefix's first bytes
-  int fail = kNone; // the last token walked failed on this byte
+  int have = 0;      // states 0..have are those after the current prefix's first bytes
+  int fail = kNone;  // the last token walked failed on this byte
   const size_t n = list.ids.size();
   for (size_t i = 0; i < n;) {
     const int l = list.lcp[i];
@@ -430,17 +436,30 @@ void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const Jso
     const std::string_view b = list.bytes(i);
     int k = std::min(l, have);
     fail = kNone;
+    bool ok = true;
     for (; k < int(b.size()); ++k) {
-      json_copy(st[size_t(k) + 1], st[size_t(k)]);
-      if (!json_feed(schema, st[size_t(k) + 1], uint8_t(b[size_t(k)]))) {
-        fail = k;
-        break;
-      }
+      const Byte r = step(k, uint8_t(b[size_t(k)]), b);
+      if (r == Byte::kNext) continue;
+      if (r == Byte::kFail) fail = k;
+      ok = r == Byte::kTokenOk;
+      break;
     }
-    have = fail == kNone ? int(b.size()) : fail;
-    if (fail == kNone) bits[size_t(list.ids[i]) / 64] |= uint64_t(1) << (list.ids[i] % 64);
+    have = k;
+    if (ok) bits[size_t(list.ids[i]) / 64] |= uint64_t(1) << (list.ids[i] % 64);
     i = fail == 0 ? size_t(list.skip1[i]) : fail == 1 ? size_t(list.skip2[i]) : i + 1;
   }
+}
+
+}  // namespace
+
+void JsonTokenMask::walk(const Sorted& list, const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {
+  thread_local std::vector<JsonState> st;  // a state a prefix byte; no allocation after a thread's first walk
+  st.resize(max_len_ + 1);
+  json_copy(st[0], s);
+  walk_sorted(list, [&](int k, uint8_t c, std::string_view) {
+    json_copy(st[size_t(k) + 1], st[size_t(k)]);
+    return json_feed(schema, st[size_t(k) + 1], c) ? Byte::kNext : Byte::kFail;
+  }, bits);
 }
 
 // In a pattern the walk steps the automaton alone (a table lookup a byte, not the recognizer); a byte that
@@ -451,41 +470,20 @@ void JsonTokenMask::walk_pattern(const JsonSchema& schema, const JsonState& s, s
   thread_local std::vector<int> q;
   q.resize(max_len_ + 1);
   q[0] = s.lo;
-  constexpr int kNone = 1 << 30;
-  int have = 0, fail = kNone;
-  const Sorted& list = all_;
-  const size_t n = list.ids.size();
-  for (size_t i = 0; i < n;) {
-    const int l = list.lcp[i];
-    if (l > fail) {
-      ++i;
-      continue;
+  walk_sorted(all_, [&](int k, uint8_t c, std::string_view b) {
+    if (str && (c == '"' || c == '\\' || c < 0x20)) {  // (rare) the recognizer takes the rest from here
+      JsonState t;
+      json_copy(t, s);
+      t.lo = uint16_t(q[size_t(k)]);
+      bool ok = true;
+      for (size_t j = size_t(k); ok && j < b.size(); ++j) ok = json_feed(schema, t, uint8_t(b[j]));
+      return ok ? Byte::kTokenOk : Byte::kTokenBad;  // (no skip: a longer token may continue differently)
     }
-    const std::string_view b = list.bytes(i);
-    int k = std::min(l, have);
-    fail = kNone;
-    bool ok = true;
-    for (; k < int(b.size()); ++k) {
-      const uint8_t c = uint8_t(b[size_t(k)]);
-      if (str && (c == '"' || c == '\\' || c < 0x20)) {  // (rare) the recognizer takes the rest from here
-        JsonState t;
-        json_copy(t, s);
-        t.lo = uint16_t(q[size_t(k)]);
-        for (int j = k; ok && j < int(b.size()); ++j) ok = json_feed(schema, t, uint8_t(b[size_t(j)]));
-        break;  // q[0..k] stay valid; no skip (a longer token may continue differently)
-      }
-      const int to = d.next(q[size_t(k)], c);
-      if (to == ByteDfa::kDead) {
-        fail = k;
-        ok = false;
-        break;
-      }
-      q[size_t(k) + 1] = to;
-    }
-    have = k;
-    if (ok) bits[size_t(list.ids[i]) / 64] |= uint64_t(1) << (list.ids[i] % 64);
-    i = fail == 0 ? size_t(list.skip1[i]) : fail == 1 ? size_t(list.skip2[i]) : i + 1;
-  }
+    const int to = d.next(q[size_t(k)], c);
+    if (to == ByteDfa::kDead) return Byte::kFail;
+    q[size_t(k) + 1] = to;
+    return Byte::kNext;
+  }, bits);
 }
 
 void JsonTokenMask::allowed(const JsonSchema& schema, const JsonState& s, std::vector<uint64_t>& bits) const {

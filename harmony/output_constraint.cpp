@@ -35,14 +35,8 @@ OutputConstraint::OutputConstraint(std::shared_ptr<const JsonTokenMask> mask, st
       final_(std::move(final_schema)),
       tools_(std::move(tools)),
       tok_(mask_->tokenizer()),
+      ids_(tok_),
       raw_ends_(std::move(end_ids)) {
-  auto id = [&](const char* t) { return tok_.token_id(t).value_or(-1); };
-  channel_ = id("<|channel|>");
-  message_ = id("<|message|>");
-  constrain_ = id("<|constrain|>");
-  start_ = id("<|start|>");
-  call_ = id("<|call|>");
-  return_ = id("<|return|>");
   if (from_start && final_) {
     held_ = final_;
     ends_ = raw_ends_;
@@ -52,27 +46,18 @@ OutputConstraint::OutputConstraint(std::shared_ptr<const JsonTokenMask> mask, st
 }
 
 void OutputConstraint::open_body() {
+  // As the streaming parser reads the header: a call to a held function, or the final channel.
+  const MessageHeader h = read_header(header_);
   held_ = nullptr;
-  const size_t to = header_.find("to=functions.");
-  if (to != std::string::npos) {  // a call: held when its function has a schema
-    const size_t a = to + 13;
-    size_t b = a;
-    while (b < header_.size() && header_[b] != ' ' && header_[b] != '\n' && header_[b] != '\t' && header_[b] != '<') ++b;
+  if (h.recipient.rfind("functions.", 0) == 0) {
     if (tools_)
-      if (auto it = tools_->find(header_.substr(a, b - a)); it != tools_->end()) {
+      if (auto it = tools_->find(h.recipient.substr(10)); it != tools_->end()) {
         held_ = it->second;
-        ends_ = {call_};
+        ends_ = {ids_.call};
       }
-  } else if (final_) {  // the final channel: "final", or "final <|constrain|>json": the name's first word
-    const size_t c = header_.find("<|channel|>");
-    if (c != std::string::npos) {
-      const size_t a = header_.find_first_not_of(" \t\n", c + 11);
-      const size_t b = a == std::string::npos ? a : header_.find_first_of(" \t\n<", a);
-      if (a != std::string::npos && header_.compare(a, b == std::string::npos ? std::string::npos : b - a, "final") == 0) {
-        held_ = final_;
-        ends_ = {return_};
-      }
-    }
+  } else if (h.recipient.empty() && h.channel == "final" && final_) {
+    held_ = final_;
+    ends_ = {ids_.ret};
   }
   header_.clear();
   phase_ = held_ ? Phase::kHeld : Phase::kBody;
@@ -98,9 +83,9 @@ void OutputConstraint::accept(int32_t token) {
   const bool special = tok_.is_special(token);
   switch (phase_) {
     case Phase::kHeader:
-      if (token == message_) open_body();
-      else if (token == channel_) header_ += "<|channel|>";
-      else if (token == constrain_) header_ += "<|constrain|>";
+      if (token == ids_.message) open_body();
+      else if (token == ids_.channel) header_ += "<|channel|>";
+      else if (token == ids_.constrain) header_ += "<|constrain|>";
       else if (special) header_.clear();  // <|start|>, or a message's end: a new header
       else if (header_.size() < 1024) header_ += tok_.token_bytes(token);
       return;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "harmony/harmony.h"
 #include "harmony/json_constraint.h"
 #include "harmony/json_schema.h"
 
@@ -42,7 +43,7 @@ class OutputConstraint {
   std::shared_ptr<const JsonSchema> final_, held_;  // held_: the body's schema while kHeld
   std::shared_ptr<const ToolSchemas> tools_;
   const Tokenizer& tok_;
-  int32_t channel_ = -1, message_ = -1, constrain_ = -1, start_ = -1, call_ = -1, return_ = -1;
+  SpecialIds ids_;
   std::vector<int32_t> raw_ends_, ends_;  // ends_: the held body's end ids
   Phase phase_ = Phase::kHeader;
   std::string header_;

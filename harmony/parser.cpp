@@ -7,44 +7,51 @@
 
 namespace mx::harmony {
 
+namespace {
+std::string word_after(const std::string& s, size_t pos) {
+  size_t e = pos;
+  while (e < s.size() && !std::isspace(static_cast<unsigned char>(s[e])) && s[e] != '<') ++e;
+  return s.substr(pos, e - pos);
+}
+}  // namespace
+
+SpecialIds::SpecialIds(const Tokenizer& tok) {
+  auto id = [&](const char* s) { return tok.token_id(s).value_or(-1); };
+  start = id("<|start|>");
+  end = id("<|end|>");
+  message = id("<|message|>");
+  channel = id("<|channel|>");
+  constrain = id("<|constrain|>");
+  ret = id("<|return|>");
+  call = id("<|call|>");
+}
+
+MessageHeader read_header(const std::string& header) {
+  MessageHeader h;
+  if (const size_t c = header.find("<|channel|>"); c != std::string::npos) h.channel = word_after(header, c + 11);
+  if (const size_t r = header.find("to="); r != std::string::npos) h.recipient = word_after(header, r + 3);
+  return h;
+}
+
 struct StreamParser::Impl {
   enum class State { kHeader, kContent, kExpectStart, kDone };
   enum class Target { kReasoning, kContent, kTool };
 
   std::shared_ptr<const Tokenizer> tok;
   IncrementalDecoder dec;
-  int32_t t_start, t_end, t_message, t_channel, t_constrain, t_return, t_call;
+  SpecialIds ids;
   State state = State::kHeader;
   Target target = Target::kContent;
   std::string header;
   int header_tokens = 0;
   bool tool_call_end = false;
 
-  explicit Impl(std::shared_ptr<const Tokenizer> t) : tok(t), dec(t) {
-    auto id = [&](const char* s) { return tok->token_id(s).value_or(-1); };
-    t_start = id("<|start|>");
-    t_end = id("<|end|>");
-    t_message = id("<|message|>");
-    t_channel = id("<|channel|>");
-    t_constrain = id("<|constrain|>");
-    t_return = id("<|return|>");
-    t_call = id("<|call|>");
-  }
-
-  static std::string word_after(const std::string& s, size_t pos) {
-    size_t e = pos;
-    while (e < s.size() && !std::isspace(static_cast<unsigned char>(s[e])) && s[e] != '<') ++e;
-    return s.substr(pos, e - pos);
-  }
+  explicit Impl(std::shared_ptr<const Tokenizer> t) : tok(t), dec(t), ids(*tok) {}
 
   // Header text such as "<|channel|>commentary to=functions.f <|constrain|>json" or
   // " to=functions.f<|channel|>commentary json" (role word already consumed or present).
   void begin_message(std::vector<Event>& out) {
-    std::string channel, recipient;
-    size_t c = header.find("<|channel|>");
-    if (c != std::string::npos) channel = word_after(header, c + 11);
-    size_t r = header.find("to=");
-    if (r != std::string::npos) recipient = word_after(header, r + 3);
+    const auto [channel, recipient] = read_header(header);
     if (recipient.rfind("functions.", 0) == 0 && recipient.size() > 10) {
       target = Target::kTool;
       out.push_back({Event::Kind::kToolCallBegin, "", recipient.substr(10)});
@@ -78,12 +85,12 @@ struct StreamParser::Impl {
 
   void push(int32_t t, std::vector<Event>& out) {
     if (state == State::kDone || t < 0 || t >= tok->vocab_size()) return;
-    const bool is_stop = t == t_return || t == t_call;
+    const bool is_stop = t == ids.ret || t == ids.call;
     switch (state) {
       case State::kHeader:
-        if (t == t_message) {
+        if (t == ids.message) {
           begin_message(out);
-        } else if (is_stop || t == t_end) {
+        } else if (is_stop || t == ids.end) {
           header.clear();  // a stop inside a header: nothing to report
           state = is_stop ? State::kDone : State::kExpectStart;
         } else if (++header_tokens > 64) {
@@ -98,8 +105,8 @@ struct StreamParser::Impl {
         }
         return;
       case State::kContent:
-        if (t == t_end || is_stop) {
-          tool_call_end = (t == t_call) && target == Target::kTool;
+        if (t == ids.end || is_stop) {
+          tool_call_end = (t == ids.call) && target == Target::kTool;
           end_message(out);
           state = is_stop ? State::kDone : State::kExpectStart;
         } else {
@@ -107,7 +114,7 @@ struct StreamParser::Impl {
         }
         return;
       case State::kExpectStart:
-        if (t == t_start) {
+        if (t == ids.start) {
           state = State::kHeader;
         } else if (is_stop) {
           state = State::kDone;

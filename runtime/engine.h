@@ -90,7 +90,8 @@ class Waker {
 };
 
 // What a request's next token may be (structured output), asked before each of its sampled tokens and
-// told each one generated; one object a sequence, used on the engine thread only.
+// told each one generated; one object a sequence, called by one thread at a time (the engine's, or its
+// mask pool's within a step).
 class TokenConstraint {
  public:
   virtual ~TokenConstraint() = default;

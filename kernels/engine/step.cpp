@@ -24,7 +24,8 @@ namespace {
 // it (kernels/sampling/sample_filtered.h), logit biases, bans (min_tokens) and penalties applied before
 // both (model/logit_adjust.h). Requests for alternatives (top_logprobs) and rows whose adjustments do not
 // fit the step's list sample on the host from the copied logits; the rest of the greedy rows take the
-// greedy-pick kernel's pick. Constrained rows (structured output's allowed ids) sample on the host too.
+// greedy-pick kernel's pick. Constrained rows (structured output's allowed ids) are masked after the
+// adjustments (StepMeta::mask), up to MemoryPlan::kMaskRows a step; the rest sample on the host.
 static_assert(sizeof(LogitAdjustEntry) == 4 * cuda::kAdjustWords, "StepMeta::adj holds LogitAdjustEntry words");
 
 bool gpu_filters(const SamplingParams& p) { return p.top_k > 0 || p.top_p < 1.f || p.min_p > 0.f; }

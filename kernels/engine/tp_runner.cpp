@@ -75,7 +75,7 @@ TpRunner::TpRunner(const CudaEngineOptions& opt) : opt_(opt) {
   nccl_.resize(size_t(local));
   comms_.resize(size_t(local));
   wires_.assign(size_t(local), nullptr);
-  hidden_ = cfg.hidden_size;
+  wire_elems_ = size_t(std::max(opt.max_tokens_per_step, opt.max_num_seqs)) * size_t(cfg.hidden_size);
   group_ = std::make_unique<RankGroup>(
       RankGroupOptions{tp, agreed_flags(opt), opt.tp_step_timeout_s}, id,
       [this](int r, const std::string& secret) { return set_up(r, secret); },
@@ -106,11 +106,9 @@ std::unique_ptr<ModelRunner> TpRunner::set_up(int r, const std::string& nccl_id)
   nccl_[size_t(r)] = std::make_unique<cuda::NcclComm>(id, rank, size, kJoinTimeoutS);
   if (peer_) peer_->join(r);
   comms_[size_t(r)] = cuda::TpComm{rank, size, nccl_[size_t(r)].get(), peer_.get()};
-  // The bf16 wire of NCCL's large sums (bf16_wire.h): the widest step's rows.
-  const size_t wire_elems = size_t(std::max(opt_.max_tokens_per_step, opt_.max_num_seqs)) * size_t(hidden_);
-  MX_CUDA(cudaMalloc(&wires_[size_t(r)], wire_elems * 2));
+  MX_CUDA(cudaMalloc(&wires_[size_t(r)], wire_elems_ * 2));  // the bf16 wire of NCCL's large sums
   comms_[size_t(r)].wire = wires_[size_t(r)];
-  comms_[size_t(r)].wire_elems = wire_elems;
+  comms_[size_t(r)].wire_elems = wire_elems_;
   comms_[size_t(r)].wire_min_elems = kWireMinElems;
   // Each collective at the sizes the steps use, eagerly: NCCL makes a protocol's connections on its first
   // use, which must not happen inside a graph capture.

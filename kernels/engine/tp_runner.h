@@ -40,7 +40,7 @@ class TpRunner final : public CudaRunnerBase {
   std::vector<std::unique_ptr<cuda::NcclComm>> nccl_;
   std::vector<cuda::TpComm> comms_;
   std::vector<uint16_t*> wires_;  // each local rank's bf16 wire (TpComm::wire), on its device
-  int hidden_ = 0;
+  size_t wire_elems_ = 0;         // the widest step's rows (bf16_wire.h)
   std::unique_ptr<RankGroup> group_;  // last: its threads use the members above
 };
 
