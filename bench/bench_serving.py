@@ -9,7 +9,9 @@ level and the KV use after it. --prompt-ids sends each request its own random to
 --max-tokens-min M draws each request's max_tokens uniformly from [M, --max-tokens] (seeded), so
 requests end at different steps and the batch changes as a real load's does.
 --engine-json takes `mxserve bench --json` rows (distinct batches at the serving depth) and prints
-the engine's step time at the same batch beside the served TPOT. --min-tokens-eq-max sends
+the engine's step time at the same batch beside the served TPOT. From mxserve's own counters: the level's
+engine steps, their mean length (wall / steps) and the GPU's busy share of the wall time (the rest is the
+host's turns between steps). --min-tokens-eq-max sends
 min_tokens = max_tokens and no ignore_eos: the lengths stay fixed by banning the stop tokens. Standard library only, so it runs on
 machines without a package registry.
 
@@ -110,7 +112,7 @@ def pct(xs, p):
 
 
 def scrape_metrics(base_url):
-    """The server's vLLM-named gauges and counters (empty when it has no /metrics)."""
+    """The server's vLLM- and mxserve-named gauges and counters (empty when it has no /metrics)."""
     u = urllib.parse.urlparse(base_url)
     try:
         conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=10)
@@ -121,7 +123,7 @@ def scrape_metrics(base_url):
         return {}
     out = {}
     for line in text.splitlines():
-        if line.startswith("vllm:") and "_bucket" not in line:
+        if line.startswith(("vllm:", "mxserve:")) and "_bucket" not in line:
             name, _, value = line.rpartition(" ")
             out[name.split("{")[0]] = float(value)
     return out
@@ -184,6 +186,15 @@ def run_level(args, conc, rng):
         row["kv_usage_after"] = after.get("vllm:kv_cache_usage_perc")
         row["running_after"] = after.get("vllm:num_requests_running")
         row["waiting_after"] = after.get("vllm:num_requests_waiting")
+        # The GPU's share of the wall time in steps, and the steps' mean length (engine_steps_total's rate):
+        # what the load leaves of the GPU to the host's turns between steps.
+        steps = after.get("mxserve:engine_steps_total", 0) - before.get("mxserve:engine_steps_total", 0)
+        busy = after.get("mxserve:device_busy_seconds_total", 0) - before.get("mxserve:device_busy_seconds_total", 0)
+        if steps > 0:
+            row["steps"] = int(steps)
+            row["step_ms"] = 1e3 * wall / steps
+        if busy > 0:
+            row["gpu_busy"] = busy / wall
     return row
 
 
@@ -234,7 +245,7 @@ def main():
     rows = []
     print(f"{'conc':>5} {'reqs':>5} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'TPOT ms':>8} {'TPOT p99':>9} "
           f"{'steady':>7} {'out tok/s':>10} {'preempt':>8} {'KV after':>9} {'engine step ms':>15} "
-          f"{'served/engine':>14} {'steady/engine':>14}")
+          f"{'served/engine':>14} {'steady/engine':>14} {'steps':>7} {'step ms':>8} {'GPU busy':>9}")
     for c in levels:
         r = run_level(args, c, rng)
         if c in engine:
@@ -248,9 +259,11 @@ def main():
             if c in engine:
                 eng = f"{engine[c]:>15.2f} {r['served_over_engine']:>14.3f} {r.get('steady_over_engine') or 0:>14.3f}"
             steady = r["tpot_steady_ms"] or 0
+            busy = f"{100 * r['gpu_busy']:>8.1f}%" if "gpu_busy" in r else f"{'n/a':>9}"
+            steps = f"{r['steps']:>7} {r['step_ms']:>8.2f}" if "steps" in r else f"{'n/a':>7} {'':>8}"
             print(f"{c:>5} {r['requests']:>5} {r['ttft_p50_ms']:>12.1f} {r['ttft_p99_ms']:>12.1f} "
                   f"{r['tpot_mean_ms']:>8.3f} {r['tpot_p99_ms']:>9.3f} {steady:>7.3f} {r['output_tok_s']:>10.1f} "
-                  f"{r.get('preemptions', 'n/a'):>8} {r.get('kv_usage_after', 'n/a'):>9} {eng}"
+                  f"{r.get('preemptions', 'n/a'):>8} {r.get('kv_usage_after', 'n/a'):>9} {eng} {steps} {busy}"
                   + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
         else:
             print(f"{c:>5} failed: {r.get('errors')}", flush=True)

@@ -124,6 +124,9 @@ class ModelRunner {
   // Full-vocabulary fp32 logits of the last computed position of each sampled sequence of the
   // most recent step, for tests and `generate --dump-logits`; may be empty if not kept.
   virtual std::span<const float> last_logits(int index) const { (void)index; return {}; }
+  // Seconds the device has spent running steps so far, from its own clock (the CUDA engine: from each
+  // step's first kernel to its last); 0 where not measured. Against wall time: the device's idle share.
+  virtual double device_busy_seconds() const { return 0.0; }
 };
 
 }  // namespace mx

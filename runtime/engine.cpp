@@ -449,11 +449,13 @@ bool Engine::step() {
   }
   waker_.post(to_wake_);
   std::erase_if(running_, [](auto& s) { return s->done; });
+  const double busy = runner_.device_busy_seconds();
   {
     std::lock_guard lk(mu_);
     stats_.prompt_tokens += prompt_tokens;
     stats_.generation_tokens += gen_tokens;
     ++stats_.steps;
+    stats_.device_busy_seconds = busy;
     ready_ = true;
   }
   publish();

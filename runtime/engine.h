@@ -133,6 +133,7 @@ struct EngineStats {
   uint64_t prompt_tokens = 0;
   uint64_t generation_tokens = 0;
   uint64_t steps = 0;
+  double device_busy_seconds = 0;     // the runner's (ModelRunner::device_busy_seconds)
   uint64_t prefix_cache_queries = 0;  // prompt tokens looked up at first admission
   uint64_t prefix_cache_hits = 0;     // of which served from the cache
   int cached_blocks = 0;              // blocks currently registered in the prefix cache

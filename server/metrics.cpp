@@ -38,6 +38,11 @@ std::string Metrics::text(const std::string& model, const runtime::EngineStats& 
   counter("vllm:generation_tokens_total", st.generation_tokens);
   counter("vllm:prefix_cache_queries_total", st.prefix_cache_queries);
   counter("vllm:prefix_cache_hits_total", st.prefix_cache_hits);
+  counter("mxserve:engine_steps_total", st.steps);
+  // The GPU's time in steps (CUDA engine; 0 on the CPU): its rate against wall time is the share of the
+  // time the GPU works, the rest being the host's turns between steps.
+  out += fmt::format("# TYPE mxserve:device_busy_seconds_total counter\nmxserve:device_busy_seconds_total{{{}}} {:.6f}\n", l,
+                     st.device_busy_seconds);
   std::lock_guard lk(mu_);
   out += ttft_.text("vllm:time_to_first_token_seconds", l);
   out += itl_.text("vllm:inter_token_latency_seconds", l);

@@ -74,6 +74,8 @@ CudaRunner::CudaRunner(const CudaEngineOptions& opt, int rank, const cuda::TpCom
   forward_ = std::make_unique<Forward>(model_, kv_, act_, fo, stream_, probe_);
   for (auto& e : done_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   for (auto& e : copied_) MX_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (auto& e : began_) MX_CUDA(cudaEventCreate(&e));
+  for (auto& e : ended_) MX_CUDA(cudaEventCreate(&e));
 }
 
 void CudaRunner::allocate() {
@@ -114,6 +116,8 @@ CudaRunner::~CudaRunner() {
   forward_.reset();
   for (auto e : done_) cudaEventDestroy(e);
   for (auto e : copied_) cudaEventDestroy(e);
+  for (auto e : began_) cudaEventDestroy(e);
+  for (auto e : ended_) cudaEventDestroy(e);
   cudaStreamDestroy(copy_stream_);
   cudaFree(weights_arena_);
   cudaFree(act_arena_);

@@ -133,6 +133,7 @@ class CudaRunner final : public CudaRunnerBase {
   CudaLoadStats load_stats() const override { return stats_; }
   DecodeAheadStats decode_ahead_stats() const override { return ahead_.stats; }
   std::span<const float> last_logits(int index) const override;
+  double device_busy_seconds() const override { return busy_s_; }
   void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override;
 
  private:
@@ -177,6 +178,8 @@ class CudaRunner final : public CudaRunnerBase {
   StepMeta hmeta_[2]{}, dmeta_[2]{};
   StepPlan plans_[2];
   cudaEvent_t done_[2]{}, copied_[2]{};
+  cudaEvent_t began_[2]{}, ended_[2]{};  // timed: a step's first and last kernel (device_busy_seconds)
+  double busy_s_ = 0;
   int32_t* hmeta_block_ = nullptr;
   int parity_ = 0;            // of the step being enqueued
   StepWait::Clock::time_point enqueued_at_[2]{};

@@ -270,6 +270,7 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     }
     MX_CUDA(cudaEventRecord(copied_[pl.parity], copy_stream_));
     MX_CUDA(cudaStreamWaitEvent(stream_, copied_[pl.parity], 0));
+    MX_CUDA(cudaEventRecord(began_[pl.parity], stream_));
     probe_.begin_step(stream_);
     if (!decode_path(M) && pl.n_decode > plan_.attn_rows)
       fail("step has {} single-token rows, more than max_num_seqs={} allows", pl.n_decode, plan_.S);
@@ -302,6 +303,7 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
     if (S > 0 && pl.need_logits)
       MX_CUDA(cudaMemcpyAsync(host_logits_, act_.logits, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost,
                               stream_));
+    MX_CUDA(cudaEventRecord(ended_[pl.parity], stream_));
   }
   MX_CUDA(cudaEventRecord(done_[pl.parity], stream_));
   enqueued_at_[pl.parity] = StepWait::Clock::now();
@@ -330,6 +332,9 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
   wait_step(pl);
   last_sampled_ = int(pl.sample_seq.size());  // a padded wide step's padding rows are sampled last
   if (pl.M == 0) return;
+  float ms = 0.f;
+  MX_CUDA(cudaEventElapsedTime(&ms, began_[pl.parity], ended_[pl.parity]));
+  busy_s_ += 1e-3 * ms;
   if (probe_.profiling) probe_.profile = probe_.collect();
   const int S = pl.S;
   const int32_t* rtok = reinterpret_cast<const int32_t*>(host_res_) + size_t(pl.parity) * 2 * plan_.S;

@@ -26,6 +26,7 @@ class TpRunner final : public CudaRunnerBase {
   KvCacheShape kv_shape() const override;     // the fewest blocks any rank of any node holds
   CudaLoadStats load_stats() const override;  // this node's GPUs, bytes summed
   DecodeAheadStats decode_ahead_stats() const override;
+  double device_busy_seconds() const override { return group_->rank(0).device_busy_seconds(); }  // local rank 0's
   std::span<const float> last_logits(int index) const override { return group_->rank(0).last_logits(index); }
   void step(std::span<const SeqStep> seqs, std::span<SampleResult> out) override { group_->step(seqs, out); }
   void run_remote_steps() { group_->run_remote_steps(); }

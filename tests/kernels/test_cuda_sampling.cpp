@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -227,6 +228,7 @@ struct AheadRun {
   std::vector<int32_t> tok;
   std::vector<float> lp;
   uint64_t used = 0, launched = 0;
+  double busy_s = 0, wall_s = 0;  // the runner's device_busy_seconds, and the steps' wall time
 };
 
 AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban = {}) {
@@ -250,6 +252,7 @@ AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban
   AheadRun r;
   std::vector<int32_t> last(nseq);
   int live = nseq;
+  const auto t0 = std::chrono::steady_clock::now();
   for (int st = 0; st <= steps; ++st) {
     if (scenario == 2 && st == 9) live = nseq - 1;  // the last sequence leaves
     std::vector<mx::SeqStep> seqs(live);
@@ -284,6 +287,8 @@ AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban
   }
   r.used = gpu->decode_ahead_stats().used;
   r.launched = gpu->decode_ahead_stats().launched;
+  r.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.busy_s = gpu->device_busy_seconds();
   return r;
 }
 }  // namespace
@@ -309,6 +314,11 @@ TEST(CudaRunner, DecodeAheadGivesTheSameTokens) {
       EXPECT_EQ(got.launched, got.used + 1);
     }
     EXPECT_GT(got.used, 0u);
+    // The GPU's time in the steps, from its events: some, and within the steps' wall time.
+    for (const AheadRun* run : {&want, &got}) {
+      EXPECT_GT(run->busy_s, 0.0);
+      EXPECT_LT(run->busy_s, run->wall_s);
+    }
   }
 }
 

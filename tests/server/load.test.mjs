@@ -59,6 +59,8 @@ test('a client that aborts mid-stream frees its request', async () => {
     && (await metric('vllm:kv_cache_usage_perc')) === 0, { timeoutMs: 5000 });
   assert.ok(freed, 'vllm:num_requests_running did not return to 0 within 5 s');
   assert.ok((await metric('mxserve:kv_cache_capacity_tokens')) > 0, 'the KV capacity gauge');
+  assert.ok((await metric('mxserve:engine_steps_total')) > 0, 'the engine step counter');
+  assert.equal(await metric('mxserve:device_busy_seconds_total'), 0, 'no GPU time on the CPU engine');
 });
 
 test('a non-streaming client that gives up frees its request', async () => {
