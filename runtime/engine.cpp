@@ -257,6 +257,10 @@ void Engine::preempt(Seq& s) {
   ++stats_.preemptions;
 }
 
+bool Engine::continues(const Seq& s) const {
+  return s.generated + 1 < s.req.max_tokens && int(s.tokens.size()) + 1 < max_model_len_;
+}
+
 bool Engine::ensure_blocks(Seq& s, int num_tokens) {
   const int need = (num_tokens + block_size_ - 1) / block_size_;
   if (kv_.sliding_window > 0) {
@@ -352,6 +356,14 @@ bool Engine::step() {
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
+  // A decoding row that goes on takes its next position's block now, while blocks are plentiful: the
+  // runner may enqueue its next step before reading this one's results (decode ahead) only when the
+  // next position's block is in the row's tables; otherwise every block_size-th token waits for the host.
+  for (auto [s, n] : sched) {
+    if (pool_.num_free() <= int(running_.size())) break;  // close to full: blocks go where they are needed
+    const bool decodes_on = n == 1 && int(s->tokens.size()) - s->num_computed == 1 && continues(*s);
+    if (decodes_on) (void)ensure_blocks(*s, s->num_computed + 2);
+  }
 
   auto publish = [&] {
     std::lock_guard lk(mu_);
@@ -395,7 +407,7 @@ bool Engine::step() {
     }
     st.rng_step = uint64_t(s->generated);
     // This step's token is not the last by length: the runner may start the next step early.
-    st.expect_next = st.sample && s->generated + 1 < s->req.max_tokens && int(s->tokens.size()) + 1 < max_model_len_;
+    st.expect_next = st.sample && continues(*s);
     int prompt_left = int(s->req.prompt.size()) - s->num_computed;
     if (prompt_left > 0) prompt_tokens += uint64_t(std::min(prompt_left, n));
   }

@@ -167,6 +167,8 @@ class Engine {
   void free_blocks(Seq& s);
   void preempt(Seq& s);
   bool ensure_blocks(Seq& s, int num_tokens);
+  // Its token this step is not the last by length (max_tokens, max_model_len): another step follows.
+  bool continues(const Seq& s) const;
   int reuse_cached_prefix(Seq& s);
   void cache_full_blocks(Seq& s);
   void loop();

@@ -51,6 +51,11 @@ class FakeRunner : public ModelRunner {
         if (shape_.sliding_window > 0) kv_[slot(s.sliding_table, s.start_pos + int(t))] = d ^ kSlidingTag;
       }
       expect_next.push_back(s.expect_next);
+      if (s.expect_next && s.tokens.size() == 1) {  // a decode that goes on: is its next position's block there?
+        const size_t b = size_t(s.start_pos + 1) / size_t(shape_.block_size);
+        auto has = [&](std::span<const int32_t> t) { return b < t.size() && t[b] >= 0 && t[b] < shape_.num_blocks; };
+        next_block_held.push_back(has(s.block_table) && (shape_.sliding_window == 0 || has(s.sliding_table)));
+      }
       EXPECT_TRUE(s.sample || !s.expect_next) << "a step that samples nothing expects no next token";
       if (s.sample) {
         int32_t tok = (s.tokens.back() + 1) % 1000;
@@ -73,6 +78,7 @@ class FakeRunner : public ModelRunner {
   std::vector<int> step_tokens;
   std::vector<int> banned_sizes;  // per sampled row, in step order: SeqStep::banned's size
   std::vector<bool> expect_next;  // SeqStep::expect_next of every sequence step, in order
+  std::vector<bool> next_block_held;  // per decode with expect_next, in order: its next position's blocks given
   int sliding_mismatches = 0;  // window positions whose sliding digest differs from the full one
 
  private:

@@ -81,6 +81,31 @@ TEST(Engine, GeneratesMaxTokensAndFreesBlocks) {
   EXPECT_EQ(e.stats().kv_usage, 0.0);
 }
 
+// A decoding row that goes on holds its next position's block (and sliding block) in the step's tables, so
+// the runner can enqueue its next step before reading this one's (decode ahead); nothing is left held
+// at the end.
+TEST(Engine, DecodingRowsHoldTheirNextBlock) {
+  for (int window : {0, 8}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    FakeRunner r(64, 4, window);
+    Engine e(r, {.max_num_seqs = 4, .max_num_batched_tokens = 16});
+    std::vector<std::shared_ptr<Channel>> chs;
+    for (int i = 0; i < 3; ++i) {
+      GenRequest g;
+      g.prompt = {10 * i + 1, 10 * i + 2, 10 * i + 3, 10 * i + 4, 10 * i + 5};
+      g.max_tokens = 14 + i;
+      chs.push_back(std::make_shared<Channel>());
+      ASSERT_TRUE(e.submit(g, chs.back()));
+    }
+    for (int i = 0; i < 100 && e.step(); ++i) {}
+    ASSERT_GT(r.next_block_held.size(), 30u);
+    for (size_t i = 0; i < r.next_block_held.size(); ++i) EXPECT_TRUE(r.next_block_held[i]) << "decode " << i;
+    for (auto& ch : chs) EXPECT_EQ(fake::drain_output(*ch).finish, FinishReason::kLength);
+    EXPECT_EQ(e.stats().kv_usage, 0.0);
+    EXPECT_EQ(r.sliding_mismatches, 0);
+  }
+}
+
 TEST(Engine, StopTokenAndBudgetAcrossRequests) {
   FakeRunner r(64);
   Engine e(r, {.max_num_seqs = 8, .max_num_batched_tokens = 6});
