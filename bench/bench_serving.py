@@ -11,7 +11,9 @@ requests end at different steps and the batch changes as a real load's does.
 --engine-json takes `mxserve bench --json` rows (distinct batches at the serving depth) and prints
 the engine's step time at the same batch beside the served TPOT. From mxserve's own counters: the level's
 engine steps, their mean length (wall / steps) and the GPU's busy share of the wall time (the rest is the
-host's turns between steps). --min-tokens-eq-max sends
+host's turns between steps). Past 512 streams the client runs in several processes (--client-procs): one
+Python thread a stream holds the GIL ~20 us a streamed chunk, so one process cannot read thousands of
+streams' tokens as fast as a GPU makes them; the client's CPU time is printed under each level. --min-tokens-eq-max sends
 min_tokens = max_tokens and no ignore_eos: the lengths stay fixed by banning the stop tokens. Standard library only, so it runs on
 machines without a package registry.
 
@@ -21,8 +23,11 @@ machines without a package registry.
 import argparse
 import http.client
 import json
+import math
+import multiprocessing
 import os
 import random
+import resource
 import statistics
 import sys
 import threading
@@ -129,6 +134,31 @@ def scrape_metrics(base_url):
     return out
 
 
+_SLICES = []  # the level's requests a client process, set before the processes fork
+
+
+def run_slice(k):
+    """In client process k: its requests on its threads, started together with the other processes'."""
+    args, items, workers, start_at = _SLICES[k]
+    time.sleep(max(0.0, start_at - time.time()))
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(lambda pm: one_request(args.base_url, args, pm[0], pm[1], args.api_key), items))
+
+
+def client_procs(args, conc):
+    """Client processes for a level: one thread a stream is GIL-bound past a few hundred streams (~20 us of
+    Python a streamed chunk), so thousands of streams are spread over processes of at most 512."""
+    if args.client_procs > 0:
+        return min(args.client_procs, conc)
+    return max(1, min(math.ceil(conc / 512), (os.cpu_count() or 4) // 4))
+
+
+def cpu_seconds():
+    """This process's and its reaped children's CPU time."""
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 def run_level(args, conc, rng):
     n_req = max(args.min_requests, conc * args.requests_per_slot)
     if args.prompt_ids:
@@ -141,13 +171,29 @@ def run_level(args, conc, rng):
         lengths = [rng.randint(args.max_tokens_min, args.max_tokens) for _ in range(n_req)]
     before = scrape_metrics(args.base_url)
     results = []
-    lock = threading.Lock()
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=conc) as ex:
-        for r in ex.map(lambda pm: one_request(args.base_url, args, pm[0], pm[1], args.api_key), zip(prompts, lengths)):
-            with lock:
-                results.append(r)
+    procs = client_procs(args, conc)
+    cpu0 = cpu_seconds()
+    if procs == 1:
+        lock = threading.Lock()
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=conc) as ex:
+            for r in ex.map(lambda pm: one_request(args.base_url, args, pm[0], pm[1], args.api_key), zip(prompts, lengths)):
+                with lock:
+                    results.append(r)
+    else:
+        # Process k: requests k, k + procs, ... and its share of the streams; all start at start_at (the
+        # monotonic clock, which the processes share, times the tokens).
+        items = list(zip(prompts, lengths))
+        start_at = time.time() + 1.0 + 0.05 * procs
+        _SLICES[:] = [(args, items[k::procs], conc // procs + (k < conc % procs), start_at) for k in range(procs)]
+        with multiprocessing.get_context("fork").Pool(procs) as pool:
+            t0 = time.perf_counter() + (start_at - time.time())
+            for part in pool.map(run_slice, range(procs)):
+                results.extend(part)
+            pool.close()
+            pool.join()
     wall = time.perf_counter() - t0
+    client_cpu = cpu_seconds() - cpu0
     # The server counts a request done just after its last token: give the gauges a moment.
     after = scrape_metrics(args.base_url)
     for _ in range(20):
@@ -179,6 +225,8 @@ def run_level(args, conc, rng):
         "output_tok_s": toks / wall,
         "output_tokens": toks,
         "wall_s": wall,
+        "client_procs": procs,
+        "client_cpu_s": client_cpu,
         "errors": [r["error"] for r in results if not r["ok"]][:3],
     }
     if before and after:
@@ -230,6 +278,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--client-procs", type=int, default=0,
+                    help="client processes a level (0: one a 512 streams, at most a quarter of the cores)")
     ap.add_argument("--prompt-ids", action="store_true",
                     help="prompts are --prompt-tokens random token ids, unique per request (completions only)")
     ap.add_argument("--engine-json", default=None,
@@ -265,6 +315,8 @@ def main():
                   f"{r['tpot_mean_ms']:>8.3f} {r['tpot_p99_ms']:>9.3f} {steady:>7.3f} {r['output_tok_s']:>10.1f} "
                   f"{r.get('preemptions', 'n/a'):>8} {r.get('kv_usage_after', 'n/a'):>9} {eng} {steps} {busy}"
                   + (f"  errors: {r['errors']}" if r["errors"] else ""), flush=True)
+            print(f"      client: {r['client_procs']} process(es), {r['client_cpu_s']:.0f} s of CPU over {r['wall_s']:.0f} s",
+                  flush=True)
         else:
             print(f"{c:>5} failed: {r.get('errors')}", flush=True)
     if args.json:
