@@ -11,7 +11,7 @@ requests end at different steps and the batch changes as a real load's does.
 --engine-json takes `mxserve bench --json` rows (distinct batches at the serving depth) and prints
 the engine's step time at the same batch beside the served TPOT. From mxserve's own counters: the level's
 engine steps, their mean length (wall / steps) and the GPU's busy share of the wall time (the rest is the
-host's turns between steps). Past 512 streams the client runs in several processes (--client-procs): one
+host's turns between steps). Past 256 streams the client runs in several processes (--client-procs): one
 Python thread a stream holds the GIL ~20 us a streamed chunk, so one process cannot read thousands of
 streams' tokens as fast as a GPU makes them; the client's CPU time is printed under each level. --min-tokens-eq-max sends
 min_tokens = max_tokens and no ignore_eos: the lengths stay fixed by banning the stop tokens. Standard library only, so it runs on
@@ -147,10 +147,11 @@ def run_slice(k):
 
 def client_procs(args, conc):
     """Client processes for a level: one thread a stream is GIL-bound past a few hundred streams (~20 us of
-    Python a streamed chunk), so thousands of streams are spread over processes of at most 512."""
+    Python a streamed chunk), so more streams are spread over processes of at most 256, on at most half the
+    cores (the server has the rest)."""
     if args.client_procs > 0:
         return min(args.client_procs, conc)
-    return max(1, min(math.ceil(conc / 512), (os.cpu_count() or 4) // 4))
+    return max(1, min(math.ceil(conc / 256), (os.cpu_count() or 4) // 2))
 
 
 def cpu_seconds():
@@ -279,7 +280,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--client-procs", type=int, default=0,
-                    help="client processes a level (0: one a 512 streams, at most a quarter of the cores)")
+                    help="client processes a level (0: one a 256 streams, at most half the cores)")
     ap.add_argument("--prompt-ids", action="store_true",
                     help="prompts are --prompt-tokens random token ids, unique per request (completions only)")
     ap.add_argument("--engine-json", default=None,
