@@ -361,8 +361,10 @@ bool Engine::step() {
   // next position's block is in the row's tables; otherwise every block_size-th token waits for the host.
   for (auto [s, n] : sched) {
     if (pool_.num_free() <= int(running_.size())) break;  // close to full: blocks go where they are needed
+    // (Only where the next position opens a block: otherwise the step's own block holds it.)
+    const bool opens = (s->num_computed + 1) % block_size_ == 0;
     const bool decodes_on = n == 1 && int(s->tokens.size()) - s->num_computed == 1 && continues(*s);
-    if (decodes_on) (void)ensure_blocks(*s, s->num_computed + 2);
+    if (opens && decodes_on) (void)ensure_blocks(*s, s->num_computed + 2);
   }
 
   auto publish = [&] {
