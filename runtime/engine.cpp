@@ -388,6 +388,9 @@ bool Engine::step() {
   std::vector<SeqStep>& steps = steps_;
   std::vector<SampleResult>& out = out_;
   steps.assign(sched.size(), SeqStep{});
+  // A request left waiting with a seat free joins the next step (its rows differ from this one's): a step
+  // the runner started early would go unread, so it is not asked for.
+  const bool joins = !waiting_.empty() && int(running_.size()) < opt_.max_num_seqs;
   out.assign(sched.size(), SampleResult{});
   constrained_.clear();
   for (size_t i = 0; i < sched.size(); ++i) {
@@ -408,8 +411,8 @@ bool Engine::step() {
       st.prompt_len = int(s->tokens.size()) - s->generated;
     }
     st.rng_step = uint64_t(s->generated);
-    // This step's token is not the last by length: the runner may start the next step early.
-    st.expect_next = st.sample && continues(*s);
+    // This step's token is not the last by length and no request joins: the runner may start the next step early.
+    st.expect_next = st.sample && continues(*s) && !joins;
     int prompt_left = int(s->req.prompt.size()) - s->num_computed;
     if (prompt_left > 0) prompt_tokens += uint64_t(std::min(prompt_left, n));
   }

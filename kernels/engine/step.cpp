@@ -326,6 +326,8 @@ void CudaRunner::wait_step(const StepPlan& pl) {
     }
   MX_CUDA(cudaEventSynchronize(done_[pl.parity]));
   if (!pl.graph && pl.M > 0) wait_.record(pl.M, Clock::now() - t0, late);
+  // A step enqueued ahead starts now, not when it was enqueued: its wait is timed from here.
+  if (ahead_.active) enqueued_at_[ahead_.parity] = Clock::now();
 }
 
 void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out) {
@@ -392,8 +394,8 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
 // without the host: a graph step whose picks are the GPU's own (no filters, no host sampling, no logits
 // copy), with the next position's blocks already in the tables.
 void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl) {
-  if (!opt_.decode_ahead || !pl.graph || pl.filters || pl.need_logits || probe_.active()) return;
-  if (pl.S != int(seqs.size())) return;
+  if (!opt_.decode_ahead || !(pl.graph || pl.wide_graph) || pl.filters || pl.need_logits || probe_.active()) return;
+  if (int(pl.sample_seq.size()) != int(seqs.size())) return;  // (a padded wide step samples its padding too)
   const int bs = opt_.block_size;
   for (const SeqStep& q : seqs) {
     const int next = q.start_pos + 1, b = next / bs;
@@ -430,7 +432,7 @@ void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl)
     a.rng_step = q.rng_step + 1;
   }
   StepPlan& next = plan_step(ahead_.steps, pl.parity ^ 1, true);
-  if (!next.graph) return;  // (the same shape as pl: cannot happen)
+  if (next.graph != pl.graph || next.wide_graph != pl.wide_graph) return;  // (the same shape as pl: cannot happen)
   enqueue_step(next);
   ahead_.active = true;
   ahead_.parity = next.parity;

@@ -231,11 +231,12 @@ struct AheadRun {
   double busy_s = 0, wall_s = 0;  // the runner's device_busy_seconds, and the steps' wall time
 };
 
-AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban = {}) {
+// nseq rows: 3 make one-token graph steps, more than 8 wide ones (37: padded to 40).
+AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban = {}, int nseq = 3) {
   const std::string dir = e2e_fixture("mini");
   const mx::ModelConfig cfg = mx::load_model_config(dir);
-  const int nseq = 3, P = 5, steps = 14, bs = 4, N = P + steps + 1, nblk = (N + bs - 1) / bs;
-  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, 64, 2 * nblk * nseq + 2);
+  const int P = 5, steps = 14, bs = 4, N = P + steps + 1, nblk = (N + bs - 1) / bs;
+  mx::CudaEngineOptions opt = small_options(dir, nseq, nblk * bs, bs, std::max(64, nseq * P), 2 * nblk * nseq + 2);
   opt.decode_ahead = ahead;
   auto gpu = mx::make_cuda_runner(opt);
   std::vector<std::vector<int32_t>> bt(nseq), sw(nseq);
@@ -291,12 +292,11 @@ AheadRun decode_ahead_run(bool ahead, int scenario, std::span<const int32_t> ban
   r.busy_s = gpu->device_busy_seconds();
   return r;
 }
-}  // namespace
 
-TEST(CudaRunner, DecodeAheadGivesTheSameTokens) {
+void expect_ahead_same_tokens(int nseq) {
   for (int scenario = 0; scenario < 5; ++scenario) {
-    SCOPED_TRACE("scenario " + std::to_string(scenario));
-    const AheadRun want = decode_ahead_run(false, scenario), got = decode_ahead_run(true, scenario);
+    SCOPED_TRACE("scenario " + std::to_string(scenario) + ", " + std::to_string(nseq) + " rows");
+    const AheadRun want = decode_ahead_run(false, scenario, {}, nseq), got = decode_ahead_run(true, scenario, {}, nseq);
     EXPECT_EQ(want.used, 0u);
     EXPECT_EQ(got.tok, want.tok);
     ASSERT_EQ(got.lp.size(), want.lp.size());
@@ -320,6 +320,15 @@ TEST(CudaRunner, DecodeAheadGivesTheSameTokens) {
       EXPECT_LT(run->busy_s, run->wall_s);
     }
   }
+}
+}  // namespace
+
+TEST(CudaRunner, DecodeAheadGivesTheSameTokens) { expect_ahead_same_tokens(3); }
+
+// Wide decode steps (more than 8 rows: the prefill forward, its embedding reading the picks) run ahead too.
+TEST(CudaRunner, WideDecodeAheadGivesTheSameTokens) {
+  expect_ahead_same_tokens(12);
+  expect_ahead_same_tokens(37);
 }
 
 // Bans and biases in decode ahead (scenario 5): the step enqueued ahead carries the step before's, so it is

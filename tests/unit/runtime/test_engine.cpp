@@ -106,6 +106,26 @@ TEST(Engine, DecodingRowsHoldTheirNextBlock) {
   }
 }
 
+// A request waiting with a seat free joins the next step, so the runner is not asked to start it early
+// (SeqStep::expect_next); once nothing waits, it is again.
+TEST(Engine, NoStepAheadWhileARequestWaitsToJoin) {
+  FakeRunner r(64);
+  Engine e(r, {.max_num_seqs = 2, .max_num_batched_tokens = 1});
+  auto a = std::make_shared<Channel>(), b = std::make_shared<Channel>();
+  GenRequest ga;
+  ga.prompt = {5};
+  ga.max_tokens = 4;
+  ASSERT_TRUE(e.submit(ga, a));
+  ASSERT_TRUE(e.step());  // a's prompt and first token; nothing waits
+  GenRequest gb = ga;
+  ASSERT_TRUE(e.submit(gb, b));
+  for (int i = 0; i < 20 && e.step(); ++i) {}  // a's decodes use the budget: b waits until a ends
+  EXPECT_EQ(fake::drain_output(*a).tokens.size(), 4u);
+  EXPECT_EQ(fake::drain_output(*b).tokens.size(), 4u);
+  // a: ahead, then not while b waits, then its last; b alone: ahead twice, then its last.
+  EXPECT_EQ(r.expect_next, (std::vector<bool>{true, false, false, false, true, true, true, false}));
+}
+
 TEST(Engine, StopTokenAndBudgetAcrossRequests) {
   FakeRunner r(64);
   Engine e(r, {.max_num_seqs = 8, .max_num_batched_tokens = 6});
