@@ -20,7 +20,7 @@ __device__ __forceinline__ uint16_t to_bf(float f) {
 __global__ void embed_k(const uint16_t* E, const int32_t* tok, const int32_t* picked, float* x, int H) {
   const int m = blockIdx.x;
   const int32_t t = tok[m];
-  const uint16_t* row = E + size_t(t < 0 ? picked[m] : t) * H;
+  const uint16_t* row = E + size_t(t < 0 ? picked[-t - 1] : t) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(m) * H + i] = bf(row[i]);
 }
 

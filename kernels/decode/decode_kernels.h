@@ -11,8 +11,8 @@
 
 namespace mx::cuda {
 
-// x[m, :] = embed[tokens[m], :], or embed[picked[m], :] where tokens[m] < 0 (decode ahead: the token
-// the previous step picked on the device for row m).
+// x[m, :] = embed[tokens[m], :], or embed[picked[j], :] where tokens[m] = -(j + 1) < 0 (decode ahead: the
+// token the previous step picked on the device for its sampled row j).
 void launch_embed_bf16(const uint16_t* embed, const int32_t* tokens, float* x, int M, int H, cudaStream_t s,
                        const int32_t* picked = nullptr);
 // y[i, :] = bf16(gamma * x[rows ? rows[i] : i, :] / rms)  (fp32 stats)

@@ -62,7 +62,7 @@ void Forward::decode(const StepView& st, int t0, int M, int s0, int S, bool one_
                      cuda::mxfp4_moe_one_token_fp8(M) && (!tp() || opt_.tp->folds_router(shape_.H, shape_.E))};
   if (r.fused_router)
     MX_CUDA(cudaMemsetAsync(act_.route_acc, 0, size_t(shape_.layers) * shape_.E * sizeof(long long), stream_));
-  cuda::launch_embed_bf16(model_.embed, st.dev->tok + t0, act_.xa, M, shape_.H, stream_, act_.picked + t0);
+  cuda::launch_embed_bf16(model_.embed, st.dev->tok + t0, act_.xa, M, shape_.H, stream_, act_.picked);
   mark("embed", double(M) * shape_.H * 2);
   decode_layers(r);
   const float* x = cuda::decode_step_output(act_.xa, act_.xb, shape_.layers);  // the last layer's output
@@ -261,7 +261,7 @@ void Forward::reduce_after_experts(float* y, size_t n) {
 void Forward::decode_persistent(const StepView& st, int t0, int M, bool one_token_per_seq) {
   const ModelConfig& c = model_.cfg;
   const StepMeta& m = *st.dev;
-  cuda::launch_embed_bf16(model_.embed, m.tok + t0, act_.xa, M, shape_.H, stream_, act_.picked + t0);
+  cuda::launch_embed_bf16(model_.embed, m.tok + t0, act_.xa, M, shape_.H, stream_, act_.picked);
   cuda::DecodeStepParams p;
   p.layers = act_.step_layers; p.num_layers = shape_.layers;
   p.xa = act_.xa; p.xb = act_.xb; p.y_slot = act_.ysl; p.q = act_.qkv; p.attn = act_.attn;

@@ -37,7 +37,7 @@ void Forward::prefill(const StepView& st, int M, int S, const std::vector<SeqRow
   const int tile_rows = cuda::moe_prefill_tile_rows(M, k, E, fp8_moe);
   const int tiles = cuda::moe_prefill_max_tiles(M, k, E, fp8_moe);
   const DecodeRowSplits mma_splits = decode_row_splits(st, seqs, n_decode);
-  // A wide decode step enqueued ahead (step.cpp) has token -1 in its rows: the step before's pick of the row.
+  // A wide decode step enqueued ahead (step.cpp) has token -(j + 1): the step before's pick of its sampled row j.
   cuda::launch_embed_bf16(model_.embed, m.tok, a.xa, M, H, s, a.picked);
   mark("embed", 0);
   for (int l = 0; l < d.layers; ++l) {

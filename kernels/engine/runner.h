@@ -53,10 +53,13 @@ struct DecodeAhead {
   bool active = false;
   int parity = 0;
   std::vector<SeqStep> steps;                       // the step enqueued (tokens: the device's picks)
+  std::vector<int32_t> feed;                        // their tokens: -(j + 1), the step before's sampled row j
   std::vector<std::vector<int32_t>> full, sliding;  // their block tables (copies)
   std::vector<std::vector<int32_t>> banned;         // their banned tokens (copies)
   std::vector<std::vector<LogitBias>> bias;         // and logit biases (copies)
   std::vector<int32_t> fed;                         // the tokens it was fed, once the step before is collected
+  std::vector<int32_t> place;                       // each row's index in the step that used it, -1: ended
+  std::vector<int32_t> from;                        // each row's index in the step it was enqueued behind
   DecodeAheadStats stats;
 };
 
@@ -143,8 +146,10 @@ class CudaRunner final : public CudaRunnerBase {
   // negative token is the previous step's pick of the same row), its launch, and its results.
   StepPlan& plan_step(std::span<const SeqStep> seqs, int parity, bool device_tokens);
   void enqueue_step(const StepPlan& pl);
-  void collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out);
-  bool ahead_matches(std::span<const SeqStep> seqs) const;
+  // place (an ahead step used for fewer rows): each planned row's index in seqs, -1 for one not asked for.
+  void collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out,
+                    std::span<const int32_t> place = {});
+  bool ahead_rows(std::span<const SeqStep> seqs);  // the step enqueued ahead runs seqs (sets ahead_.place)
   void launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl);
   StepView view(const StepPlan& pl) const;
   void run_decode_graph(const StepPlan& pl);
@@ -185,6 +190,7 @@ class CudaRunner final : public CudaRunnerBase {
   StepWait::Clock::time_point enqueued_at_[2]{};
   StepWait wait_;
   DecodeAhead ahead_;
+  std::vector<int32_t> pick_row_;  // step(): each sequence's sampled row in the step that runs it
   DecodeGraphs graphs_;
   WideGraphs wide_graphs_;
   int vocab_limit_ = 0;       // ids >= this (beyond the tokenizer) are never sampled

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <span>
 #include <thread>
 #include <vector>
@@ -37,7 +38,6 @@ bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
          a.repetition_penalty == b.repetition_penalty;
 }
 
-const int32_t kPickedOnDevice = -1;  // a decode-ahead step's token: the previous step's pick of its row
 
 // The launches `enqueue` makes on stream s, captured and instantiated. A throw inside the capture ends
 // it first, so the stream runs what comes after again.
@@ -65,8 +65,16 @@ cudaGraphExec_t capture_graph(cudaStream_t s, F&& enqueue) {
 void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
   MX_CHECK(out.size() == seqs.size(), "step: out.size() {} != seqs.size() {}", out.size(), seqs.size());
   const StepPlan* pl = nullptr;
-  if (ahead_.active && ahead_matches(seqs)) {
-    pl = &plans_[ahead_.parity];  // already on the GPU
+  // Each of seqs' sampled row in the step that runs it (the next step's picks are read from there).
+  pick_row_.resize(seqs.size());
+  std::iota(pick_row_.begin(), pick_row_.end(), 0);
+  bool fewer = false;
+  if (ahead_.active && ahead_rows(seqs)) {
+    pl = &plans_[ahead_.parity];  // already on the GPU, maybe with rows since ended (their results go unread)
+    fewer = seqs.size() != ahead_.steps.size();
+    if (fewer)
+      for (size_t j = 0; j < ahead_.place.size(); ++j)
+        if (ahead_.place[j] >= 0) pick_row_[size_t(ahead_.place[j])] = int32_t(j);
     ++ahead_.stats.used;
   } else {
     // A decode-ahead step that was not asked for finishes unread: the stream orders it before this one.
@@ -75,10 +83,10 @@ void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out
     pl = &p;
   }
   ahead_.active = false;
-  launch_ahead(seqs, *pl);  // before waiting: the GPU goes on while the host reads the results
-  collect_step(*pl, seqs, out);
+  launch_ahead(seqs, *pl);  // before waiting: the GPU goes on while the host reads the results (keeps place)
+  collect_step(*pl, seqs, out, fewer ? std::span<const int32_t>(ahead_.place) : std::span<const int32_t>{});
   if (ahead_.active)
-    for (size_t i = 0; i < seqs.size(); ++i) ahead_.fed[i] = out[i].token;
+    for (size_t k = 0; k < ahead_.from.size(); ++k) ahead_.fed[k] = out[size_t(ahead_.from[k])].token;
 }
 
 StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool device_tokens) {
@@ -330,7 +338,8 @@ void CudaRunner::wait_step(const StepPlan& pl) {
   if (ahead_.active) enqueued_at_[ahead_.parity] = Clock::now();
 }
 
-void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out) {
+void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs, std::span<SampleResult> out,
+                              std::span<const int32_t> place) {
   wait_step(pl);
   last_sampled_ = int(pl.sample_seq.size());  // a padded wide step's padding rows are sampled last
   if (pl.M == 0) return;
@@ -343,8 +352,10 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
   const float* rlp = reinterpret_cast<const float*>(host_res_) + size_t(pl.parity) * 2 * plan_.S + S;
   jobs_.clear();
   for (int s = 0; s < last_sampled_; ++s) {
-    const SeqStep& q = seqs[size_t(pl.sample_seq[size_t(s)])];
-    SampleResult& r = out[size_t(pl.sample_seq[size_t(s)])];
+    int i = pl.sample_seq[size_t(s)];
+    if (!place.empty() && (i = place[size_t(i)]) < 0) continue;  // a row that has since ended
+    const SeqStep& q = seqs[size_t(i)];
+    SampleResult& r = out[size_t(i)];
     if (pl.host_pick[size_t(s)]) {
       // top_logprobs, penalties and adjustments past the step's list sample on the host from the copied
       // logits (0.8 MB a row); the GPU adjusted none of a host row's logits.
@@ -360,18 +371,23 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
   sample_tokens(jobs_, vocab_limit_, sample_pool_, scratch_);
 }
 
-// The step enqueued ahead is this one: the same sequences in the same order, each fed the token the GPU
-// picked for it, at the next position, with the same sampling and the blocks that step read and wrote.
-bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
-  if (seqs.size() != ahead_.steps.size()) return false;
+// The step enqueued ahead runs this one: its sequences, less any that have ended, in the same order, each
+// fed the token the GPU picked for it, at the next position, with the same sampling and the blocks that
+// step read and wrote. Sets ahead_.place: each enqueued row's index in seqs, -1 for one no longer asked for.
+bool CudaRunner::ahead_rows(std::span<const SeqStep> seqs) {
+  const size_t A = ahead_.steps.size();
+  if (seqs.empty() || seqs.size() > A) return false;
+  ahead_.place.assign(A, -1);
   const int bs = opt_.block_size;
-  for (size_t i = 0; i < seqs.size(); ++i) {
+  size_t j = 0;
+  for (size_t i = 0; i < seqs.size(); ++i, ++j) {
     const SeqStep& q = seqs[i];
-    const SeqStep& a = ahead_.steps[i];
+    while (j < A && ahead_.steps[j].seq_id != q.seq_id) ++j;
+    if (j == A) return false;
+    const SeqStep& a = ahead_.steps[j];
     // (A greedy row's pick does not depend on its random stream.)
     // (A row constrained now, structured output's final channel opening, was picked ahead without its mask.)
-    if (q.seq_id != a.seq_id || q.tokens.size() != 1 || q.tokens[0] != ahead_.fed[i] || q.start_pos != a.start_pos ||
-        !q.allowed.empty() ||
+    if (q.tokens.size() != 1 || q.tokens[0] != ahead_.fed[j] || q.start_pos != a.start_pos || !q.allowed.empty() ||
         !q.sample || !same_sampling(q.sampling, a.sampling) || (q.sampling.temperature > 0.f && q.rng_step != a.rng_step) ||
         !std::equal(q.banned.begin(), q.banned.end(), a.banned.begin(), a.banned.end()) ||
         !std::equal(q.logit_bias.begin(), q.logit_bias.end(), a.logit_bias.begin(), a.logit_bias.end(),
@@ -386,53 +402,61 @@ bool CudaRunner::ahead_matches(std::span<const SeqStep> seqs) const {
           !std::equal(a.sliding_table.begin() + first, a.sliding_table.begin() + need, q.sliding_table.begin() + first))
         return false;
     }
+    ahead_.place[j] = int32_t(i);
   }
   return true;
 }
 
-// Enqueues the next step of `seqs` (just enqueued as `pl`) when every sequence expects one and it can run
-// without the host: a graph step whose picks are the GPU's own (no filters, no host sampling, no logits
-// copy), with the next position's blocks already in the tables.
+// Enqueues the next step of `seqs` (just enqueued as `pl`) when it can run without the host: a graph step
+// (one-token or wide) whose picks are the GPU's own (no filters, no host sampling, no logits copy). It holds
+// the rows that expect a next token (a row at its last leaves now), each with its next position's blocks
+// already in its tables and nothing that this step's pick changes (penalties, a mask).
 void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl) {
   if (!opt_.decode_ahead || !(pl.graph || pl.wide_graph) || pl.filters || pl.need_logits || probe_.active()) return;
-  if (int(pl.sample_seq.size()) != int(seqs.size())) return;  // (a padded wide step samples its padding too)
   const int bs = opt_.block_size;
-  for (const SeqStep& q : seqs) {
+  ahead_.from.clear();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqStep& q = seqs[i];
+    if (!q.sample || q.tokens.size() != 1) return;
+    if (!q.expect_next) continue;
     const int next = q.start_pos + 1, b = next / bs;
     // (A penalized row's next adjustments count the token this step picks; a constrained row's mask too.)
-    if (!q.expect_next || !q.sample || q.tokens.size() != 1 || next >= opt_.max_model_len || q.sampling.penalized() ||
-        !q.allowed.empty())
-      return;
+    if (next >= opt_.max_model_len || q.sampling.penalized() || !q.allowed.empty()) return;
     if (int(q.block_table.size()) <= b || q.block_table[b] < 0 || q.block_table[b] >= kv_.num_blocks) return;
     if (kv_.sliding_window > 0 &&
         (int(q.sliding_table.size()) <= b || q.sliding_table[b] < 0 || q.sliding_table[b] >= kv_.num_blocks))
       return;
+    ahead_.from.push_back(int32_t(i));
   }
-  const size_t n = seqs.size();
+  const size_t n = ahead_.from.size();
+  if (n == 0) return;
   ahead_.steps.resize(n);
   ahead_.full.resize(n);
   ahead_.sliding.resize(n);
   ahead_.banned.resize(n);
   ahead_.bias.resize(n);
   ahead_.fed.assign(n, -1);
-  for (size_t i = 0; i < n; ++i) {
+  ahead_.feed.resize(n);
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = size_t(ahead_.from[k]);
     const SeqStep& q = seqs[i];
-    SeqStep& a = ahead_.steps[i];
-    ahead_.full[i].assign(q.block_table.begin(), q.block_table.end());
-    ahead_.sliding[i].assign(q.sliding_table.begin(), q.sliding_table.end());
-    ahead_.banned[i].assign(q.banned.begin(), q.banned.end());
-    ahead_.bias[i].assign(q.logit_bias.begin(), q.logit_bias.end());
+    SeqStep& a = ahead_.steps[k];
+    ahead_.full[k].assign(q.block_table.begin(), q.block_table.end());
+    ahead_.sliding[k].assign(q.sliding_table.begin(), q.sliding_table.end());
+    ahead_.banned[k].assign(q.banned.begin(), q.banned.end());
+    ahead_.bias[k].assign(q.logit_bias.begin(), q.logit_bias.end());
     a = q;
-    a.tokens = std::span<const int32_t>(&kPickedOnDevice, 1);
+    ahead_.feed[k] = -(pick_row_[i] + 1);  // the embedding reads this step's pick of the row (decode_kernels.h)
+    a.tokens = std::span<const int32_t>(&ahead_.feed[k], 1);
     a.start_pos = q.start_pos + 1;
-    a.block_table = ahead_.full[i];
-    a.sliding_table = ahead_.sliding[i];
-    a.banned = ahead_.banned[i];
-    a.logit_bias = ahead_.bias[i];
+    a.block_table = ahead_.full[k];
+    a.sliding_table = ahead_.sliding[k];
+    a.banned = ahead_.banned[k];
+    a.logit_bias = ahead_.bias[k];
     a.rng_step = q.rng_step + 1;
   }
   StepPlan& next = plan_step(ahead_.steps, pl.parity ^ 1, true);
-  if (next.graph != pl.graph || next.wide_graph != pl.wide_graph) return;  // (the same shape as pl: cannot happen)
+  if (!next.graph && !next.wide_graph) return;  // (every row one sampled token: only a shape past both)
   enqueue_step(next);
   ahead_.active = true;
   ahead_.parity = next.parity;
