@@ -388,9 +388,14 @@ bool Engine::step() {
   std::vector<SeqStep>& steps = steps_;
   std::vector<SampleResult>& out = out_;
   steps.assign(sched.size(), SeqStep{});
-  // A request left waiting with a seat free joins the next step (its rows differ from this one's): a step
-  // the runner started early would go unread, so it is not asked for.
-  const bool joins = !waiting_.empty() && int(running_.size()) < opt_.max_num_seqs;
+  // A request left waiting with a seat free and blocks for its first chunk joins the next step (its rows
+  // differ from this one's): a step the runner started early would go unread, so it is not asked for.
+  bool joins = !waiting_.empty() && int(running_.size()) < opt_.max_num_seqs;
+  if (joins) {
+    const Seq& w = *waiting_.front();
+    const int chunk = std::min(int(w.tokens.size()) - w.num_computed, opt_.max_num_batched_tokens);
+    joins = pool_.num_free() * block_size_ >= w.num_computed + chunk;  // (a prefix-cache hit needs fewer)
+  }
   out.assign(sched.size(), SampleResult{});
   constrained_.clear();
   for (size_t i = 0; i < sched.size(); ++i) {

@@ -126,6 +126,27 @@ TEST(Engine, NoStepAheadWhileARequestWaitsToJoin) {
   EXPECT_EQ(r.expect_next, (std::vector<bool>{true, false, false, false, true, true, true, false}));
 }
 
+// A waiting request that the pool cannot take yet does not join the next step: the running one is still
+// asked to run ahead.
+TEST(Engine, AWaitingRequestWithoutBlocksLeavesStepsAhead) {
+  FakeRunner r(6);  // 6 blocks of 4 tokens
+  Engine e(r, {.max_num_seqs = 2, .max_num_batched_tokens = 64});
+  auto a = std::make_shared<Channel>(), b = std::make_shared<Channel>();
+  GenRequest ga;
+  ga.prompt = {1, 2, 3, 4};
+  ga.max_tokens = 8;
+  ASSERT_TRUE(e.submit(ga, a));
+  ASSERT_TRUE(e.step());
+  GenRequest gb;
+  for (int i = 0; i < 22; ++i) gb.prompt.push_back(100 + i);  // 6 blocks: only once a is gone
+  gb.max_tokens = 2;
+  ASSERT_TRUE(e.submit(gb, b));
+  for (int i = 0; i < 40 && e.step(); ++i) {}
+  EXPECT_EQ(fake::drain_output(*a).tokens.size(), 8u);
+  EXPECT_EQ(fake::drain_output(*b).tokens.size(), 2u);
+  EXPECT_EQ(r.expect_next, (std::vector<bool>{true, true, true, true, true, true, true, false, true, false}));
+}
+
 TEST(Engine, StopTokenAndBudgetAcrossRequests) {
   FakeRunner r(64);
   Engine e(r, {.max_num_seqs = 8, .max_num_batched_tokens = 6});
