@@ -38,7 +38,6 @@ bool same_sampling(const SamplingParams& a, const SamplingParams& b) {
          a.repetition_penalty == b.repetition_penalty;
 }
 
-
 // The launches `enqueue` makes on stream s, captured and instantiated. A throw inside the capture ends
 // it first, so the stream runs what comes after again.
 template <class F>
