@@ -125,8 +125,8 @@ void run_serve(ServeOptions o) {
     return;
   }
   // Every running or queued request holds an HTTP thread; a few more keep /health and /metrics live.
-  // Capped: beyond 4096, further requests wait in the accept queue for a thread.
-  o.srv.http_threads = std::min(o.max_num_seqs + o.max_waiting + 8, 4096);
+  // The queue's share is capped at 4096 (a large --max-waiting): requests past it wait in the accept queue.
+  o.srv.http_threads = o.max_num_seqs + std::min(o.max_waiting, 4096) + 8;
   server::Server srv(o.srv);
   if (!srv.bind()) fail("cannot listen on {}:{} (in use or not permitted)", o.srv.host, o.srv.port);
   log::info("listening on http://{}:{} (model '{}')", o.srv.host, srv.port(), o.srv.model_name);
@@ -196,7 +196,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-model-len", o->max_model_len, "0 = the model's")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "0 = by GPU: on the CUDA engine 1024 with >= 120 GiB, 512 with >= 70 GiB, else 256")
       ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
+      ->check(CLI::Range(0, 16384));
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens)->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-waiting", o->max_waiting, "queued requests beyond this get 429")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-prefill-tokens-with-decodes", o->max_prefill_tokens_with_decodes,
