@@ -21,6 +21,24 @@ int gpu_count() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
+// Runs body(r) on a thread a GPU, each on its own device; returns each rank's error ("" for none).
+template <class F>
+std::vector<std::string> on_each_gpu(int world, F&& body) {
+  std::vector<std::string> errors(static_cast<size_t>(world));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      try {
+        cudaSetDevice(r);
+        body(r);
+      } catch (const Error& e) {
+        errors[size_t(r)] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  return errors;
+}
+
 TEST(NcclComm, AllReduceAndAllGatherAcrossGpus) {
   std::string why;
   if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;
@@ -30,36 +48,27 @@ TEST(NcclComm, AllReduceAndAllGatherAcrossGpus) {
   const size_t n = 3 * 2880 + 7;  // not a multiple of anything NCCL chunks by
   const size_t W = static_cast<size_t>(world);
   std::vector<std::vector<float>> sums(W), gathered(W);
-  std::vector<std::string> errors(W);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        cudaSetDevice(r);
-        cuda::NcclComm comm(id, r, world, 60);
-        cudaStream_t s;
-        cudaStreamCreate(&s);
-        std::vector<float> h(n);
-        for (size_t i = 0; i < n; ++i) h[i] = float(r + 1) * 0.5f + float(i % 13);
-        float *d = nullptr, *g = nullptr;
-        cudaMalloc(&d, n * 4);
-        cudaMalloc(&g, size_t(world) * 16);
-        cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice);
-        comm.all_reduce_sum_f32(d, n, s);
-        comm.all_gather(d + r, g, 16, s);  // each rank's 4 floats from offset r
-        comm.sync(s, 60);
-        sums[size_t(r)].resize(n);
-        gathered[size_t(r)].resize(size_t(world) * 4);
-        cudaMemcpy(sums[size_t(r)].data(), d, n * 4, cudaMemcpyDeviceToHost);
-        cudaMemcpy(gathered[size_t(r)].data(), g, size_t(world) * 16, cudaMemcpyDeviceToHost);
-        cudaFree(d);
-        cudaFree(g);
-        cudaStreamDestroy(s);
-      } catch (const Error& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : ranks) t.join();
+  const std::vector<std::string> errors = on_each_gpu(world, [&](int r) {
+    cuda::NcclComm comm(id, r, world, 60);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; ++i) h[i] = float(r + 1) * 0.5f + float(i % 13);
+    float *d = nullptr, *g = nullptr;
+    cudaMalloc(&d, n * 4);
+    cudaMalloc(&g, size_t(world) * 16);
+    cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice);
+    comm.all_reduce_sum_f32(d, n, s);
+    comm.all_gather(d + r, g, 16, s);  // each rank's 4 floats from offset r
+    comm.sync(s, 60);
+    sums[size_t(r)].resize(n);
+    gathered[size_t(r)].resize(size_t(world) * 4);
+    cudaMemcpy(sums[size_t(r)].data(), d, n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gathered[size_t(r)].data(), g, size_t(world) * 16, cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    cudaFree(g);
+    cudaStreamDestroy(s);
+  });
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
     for (size_t i = 0; i < n; ++i) {
@@ -86,43 +95,34 @@ TEST(NcclComm, LargeSumsGoOverTheBf16Wire) {
   auto value = [](int r, size_t i) { return float(r + 1) * 0.37f + float(i % 101) * 0.011f - 0.5f; };
   auto exact = [](int r, size_t i) { return float(r + 1) * 0.5f + float(i % 13); };  // bf16 already
   std::vector<std::vector<float>> sums(W), exacts(W), left(W);
-  std::vector<std::string> errors(W);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.emplace_back([&, r] {
-      try {
-        cudaSetDevice(r);
-        cuda::NcclComm comm(id, r, world, 60);
-        cudaStream_t s;
-        cudaStreamCreate(&s);
-        float *in = nullptr, *out = nullptr, *buf = nullptr;
-        uint16_t* wire = nullptr;
-        cudaMalloc(&in, n * 4);
-        cudaMalloc(&out, n * 4);
-        cudaMalloc(&buf, n * 4);
-        cudaMalloc(&wire, n * 2);
-        std::vector<float> h(n), e(n);
-        for (size_t i = 0; i < n; ++i) h[i] = value(r, i), e[i] = exact(r, i);
-        cudaMemcpy(in, h.data(), n * 4, cudaMemcpyHostToDevice);
-        cudaMemcpy(buf, e.data(), n * 4, cudaMemcpyHostToDevice);
-        const cuda::TpComm tp{r, world, &comm, nullptr, wire, n, 1024};
-        tp.reduce_into(in, out, n, s);
-        tp.all_reduce_sum_f32(buf, n, s);
-        comm.sync(s, 60);
-        sums[size_t(r)].resize(n);
-        exacts[size_t(r)].resize(n);
-        left[size_t(r)].resize(n);
-        cudaMemcpy(sums[size_t(r)].data(), out, n * 4, cudaMemcpyDeviceToHost);
-        cudaMemcpy(exacts[size_t(r)].data(), buf, n * 4, cudaMemcpyDeviceToHost);
-        cudaMemcpy(left[size_t(r)].data(), in, n * 4, cudaMemcpyDeviceToHost);
-        for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(buf), static_cast<void*>(wire)})
-          cudaFree(p);
-        cudaStreamDestroy(s);
-      } catch (const Error& e) {
-        errors[size_t(r)] = e.what();
-      }
-    });
-  for (auto& t : ranks) t.join();
+  const std::vector<std::string> errors = on_each_gpu(world, [&](int r) {
+    cuda::NcclComm comm(id, r, world, 60);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    float *in = nullptr, *out = nullptr, *buf = nullptr;
+    uint16_t* wire = nullptr;
+    cudaMalloc(&in, n * 4);
+    cudaMalloc(&out, n * 4);
+    cudaMalloc(&buf, n * 4);
+    cudaMalloc(&wire, n * 2);
+    std::vector<float> h(n), e(n);
+    for (size_t i = 0; i < n; ++i) h[i] = value(r, i), e[i] = exact(r, i);
+    cudaMemcpy(in, h.data(), n * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(buf, e.data(), n * 4, cudaMemcpyHostToDevice);
+    const cuda::TpComm tp{r, world, &comm, nullptr, wire, n, 1024};
+    tp.reduce_into(in, out, n, s);
+    tp.all_reduce_sum_f32(buf, n, s);
+    comm.sync(s, 60);
+    sums[size_t(r)].resize(n);
+    exacts[size_t(r)].resize(n);
+    left[size_t(r)].resize(n);
+    cudaMemcpy(sums[size_t(r)].data(), out, n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(exacts[size_t(r)].data(), buf, n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(left[size_t(r)].data(), in, n * 4, cudaMemcpyDeviceToHost);
+    for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(buf), static_cast<void*>(wire)})
+      cudaFree(p);
+    cudaStreamDestroy(s);
+  });
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(errors[size_t(r)], "") << "rank " << r;
     for (size_t i = 0; i < n; ++i) {
