@@ -21,6 +21,13 @@ int gpu_count() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
+// Why a group test cannot run here (no libnccl.so.2, fewer than two GPUs), "" where it can.
+std::string why_no_group() {
+  std::string why;
+  if (!cuda::nccl_available(&why)) return why;
+  return gpu_count() < 2 ? "needs two GPUs" : "";
+}
+
 // Runs body(r) on a thread a GPU, each on its own device; returns each rank's error ("" for none).
 template <class F>
 std::vector<std::string> on_each_gpu(int world, F&& body) {
@@ -40,10 +47,8 @@ std::vector<std::string> on_each_gpu(int world, F&& body) {
 }
 
 TEST(NcclComm, AllReduceAndAllGatherAcrossGpus) {
-  std::string why;
-  if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;
+  if (const std::string why = why_no_group(); !why.empty()) GTEST_SKIP() << why;
   const int world = gpu_count();
-  if (world < 2) GTEST_SKIP() << "needs two GPUs";
   const cuda::NcclId id = cuda::nccl_unique_id();
   const size_t n = 3 * 2880 + 7;  // not a multiple of anything NCCL chunks by
   const size_t W = static_cast<size_t>(world);
@@ -85,10 +90,8 @@ TEST(NcclComm, AllReduceAndAllGatherAcrossGpus) {
 // NCCL, widened back; the partial rows zeroed; within bf16's rounding of the exact sum, the same bits on
 // every rank, and exact where the values are bf16 already.
 TEST(NcclComm, LargeSumsGoOverTheBf16Wire) {
-  std::string why;
-  if (!cuda::nccl_available(&why)) GTEST_SKIP() << why;
+  if (const std::string why = why_no_group(); !why.empty()) GTEST_SKIP() << why;
   const int world = gpu_count();
-  if (world < 2) GTEST_SKIP() << "needs two GPUs";
   const cuda::NcclId id = cuda::nccl_unique_id();
   const size_t n = 300 * 1024 + 3;  // past the wire's minimum, not a multiple of 4
   const size_t W = static_cast<size_t>(world);
