@@ -30,7 +30,6 @@ import random
 import resource
 import statistics
 import sys
-import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -171,28 +170,21 @@ def run_level(args, conc, rng):
     if args.max_tokens_min is not None:
         lengths = [rng.randint(args.max_tokens_min, args.max_tokens) for _ in range(n_req)]
     before = scrape_metrics(args.base_url)
-    results = []
     procs = client_procs(args, conc)
+    # Process k: requests k, k + procs, ... and its share of the streams; all start at start_at (the
+    # monotonic clock, which the processes share, times the tokens). One process runs its slice itself.
+    items = list(zip(prompts, lengths))
+    start_at = time.time() + (1.0 + 0.05 * procs if procs > 1 else 0.0)
+    _SLICES[:] = [(args, items[k::procs], conc // procs + (k < conc % procs), start_at) for k in range(procs)]
     cpu0 = cpu_seconds()
+    t0 = time.perf_counter() + (start_at - time.time())
     if procs == 1:
-        lock = threading.Lock()
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=conc) as ex:
-            for r in ex.map(lambda pm: one_request(args.base_url, args, pm[0], pm[1], args.api_key), zip(prompts, lengths)):
-                with lock:
-                    results.append(r)
+        results = run_slice(0)
     else:
-        # Process k: requests k, k + procs, ... and its share of the streams; all start at start_at (the
-        # monotonic clock, which the processes share, times the tokens).
-        items = list(zip(prompts, lengths))
-        start_at = time.time() + 1.0 + 0.05 * procs
-        _SLICES[:] = [(args, items[k::procs], conc // procs + (k < conc % procs), start_at) for k in range(procs)]
         with multiprocessing.get_context("fork").Pool(procs) as pool:
-            t0 = time.perf_counter() + (start_at - time.time())
-            for part in pool.map(run_slice, range(procs)):
-                results.extend(part)
+            results = [r for part in pool.map(run_slice, range(procs)) for r in part]
             pool.close()
-            pool.join()
+            pool.join()  # reaped: their CPU time counts in RUSAGE_CHILDREN
     wall = time.perf_counter() - t0
     client_cpu = cpu_seconds() - cpu0
     # The server counts a request done just after its last token: give the gauges a moment.
