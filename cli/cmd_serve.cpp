@@ -191,7 +191,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--model", o->model_dir, "model directory (HF layout); none = tiny random demo model");
   cmd->add_option("--host", o->srv.host)->capture_default_str();
   cmd->add_option("--port", o->srv.port, "0 = any free port")->capture_default_str()->check(CLI::Range(0, 65535));
-  cmd->add_option("--api-key", o->srv.api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--api-key", o->srv.api_key, "require 'Authorization: Bearer KEY' on every route but /health, /ping and /version");
   cmd->add_option("--served-model-name", o->srv.model_name);
   cmd->add_option("--max-model-len", o->max_model_len, "0 = the model's")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "0 = by GPU: on the CUDA engine 1024 with >= 120 GiB, 512 with >= 70 GiB, else 256")

@@ -10,6 +10,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"mxserve: inference engine and OpenAI-compatible server for gpt-oss"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("mxserve ") + MXSERVE_VERSION);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "debug|info|warn|error|off")->capture_default_str();
   app.parse_complete_callback([&] { mx::log::set_level(mx::log::parse_level(log_level)); });

@@ -222,6 +222,13 @@ void Server::Impl::setup() {
     return httplib::Server::HandlerResponse::Handled;
   }));
   http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
+  // vLLM's liveness aliases (SageMaker's /ping, GET or POST) and its version probe: no key needed, as /health.
+  auto alive = [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); };
+  http.Get("/ping", alive);
+  http.Post("/ping", alive);
+  http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"version", MXSERVE_VERSION}}.dump(), "application/json");
+  });
   http.Get("/ready", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
     runtime::Engine* e = engine.load();
@@ -236,10 +243,17 @@ void Server::Impl::setup() {
   });
   http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
-    runtime::Engine* e = engine.load();
-    json m = {{"id", opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "mxserve"}};
-    if (e) m["max_model_len"] = e->max_model_len();
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+    res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+  });
+  // OpenAI's retrieve (`client.models.retrieve(id)`); the id may hold '/' (an HF id as the served name).
+  http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, res)) return;
+    const std::string id = req.matches[1];
+    if (id != opt.model_name) {
+      send_error(res, 404, fmt::format("The model `{}` does not exist.", id), "not_found_error", "model");
+      return;
+    }
+    res.set_content(model_object().dump(), "application/json");
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); });
   http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); });

@@ -127,6 +127,13 @@ struct Server::Impl {
     return b;
   }
 
+  // The served model as /v1/models lists it (max_model_len once the engine is up, as vLLM adds it).
+  json model_object() const {
+    json m = {{"id", opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "mxserve"}};
+    if (const runtime::Engine* e = engine.load()) m["max_model_len"] = e->max_model_len();
+    return m;
+  }
+
   runtime::Engine* ready_engine(httplib::Response& res) {
     runtime::Engine* e = engine.load();
     if (!e) send_error(res, 503, "the model is still loading", "service_unavailable");

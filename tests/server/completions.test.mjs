@@ -1,7 +1,8 @@
-// /v1/completions and /v1/models through the OpenAI SDK.
+// /v1/completions, /v1/models and the small probes (/version, /ping) through the OpenAI SDK.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { client, raw, MODEL } from './helpers.mjs';
+import OpenAI from 'openai';
+import { client, raw, startServer, MODEL } from './helpers.mjs';
 
 const oa = client();
 
@@ -48,6 +49,42 @@ test('/v1/models lists the served model', async () => {
   assert.equal(models[0].id, MODEL);
   assert.equal(models[0].object, 'model');
   assert.equal(typeof models[0].max_model_len, 'number');
+});
+
+test('/v1/models/{id} retrieves the served model; another id is a 404', async () => {
+  const m = await oa.models.retrieve(MODEL);
+  assert.equal(m.id, MODEL);
+  assert.equal(m.object, 'model');
+  assert.equal(typeof m.max_model_len, 'number');
+  const err = await oa.models.retrieve('nope').catch((e) => e);
+  assert.ok(err instanceof OpenAI.NotFoundError, `${err}`);
+  assert.equal(err.param, 'model');
+  assert.match(err.message, /`nope` does not exist/);
+});
+
+test('/v1/models/{id} takes a served name with a slash, as sent or escaped', async () => {
+  const name = 'openai/gpt-oss-demo';
+  const srv = await startServer(['--served-model-name', name]);
+  try {
+    const m = await client({ baseURL: `${srv.base}/v1` }).models.retrieve(name);
+    assert.equal(m.id, name);
+    const escaped = await raw(`/v1/models/${encodeURIComponent(name)}`, { method: 'GET', base: srv.base });
+    assert.equal(escaped.status, 200, escaped.text);
+    assert.equal(escaped.json.id, name);
+  } finally {
+    srv.proc.kill('SIGKILL');
+  }
+});
+
+test('/version, and /ping answered as /health (GET and POST)', async () => {
+  const v = await raw('/version', { method: 'GET', key: '' });
+  assert.equal(v.status, 200);
+  assert.match(v.json.version, /^\d+\.\d+\.\d+/);
+  for (const method of ['GET', 'POST']) {
+    const r = await raw('/ping', method === 'GET' ? { method, key: '' } : { body: '', key: '' });
+    assert.equal(r.status, 200, method);
+    assert.equal(r.json.status, 'ok');
+  }
 });
 
 // The greedy completion of `prompt` and the id of its token `at` (null when that token's text does not

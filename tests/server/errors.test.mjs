@@ -117,6 +117,7 @@ test('401 for a wrong or missing API key', async () => {
   assert.equal(missing.status, 401);
   assert.equal(missing.json.error.type, 'authentication_error');
   assert.equal((await raw('/v1/models', { method: 'GET', key: '' })).status, 401);
+  assert.equal((await raw(`/v1/models/${MODEL}`, { method: 'GET', key: '' })).status, 401);
   assert.equal((await raw('/health', { method: 'GET', key: '' })).status, 200);
 });
 
