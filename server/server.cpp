@@ -158,8 +158,10 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         return sink.is_writable() && sink.write(s.data(), s.size());
       };
       auto chunk = [&](json choice) {
-        return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                    {"model", opt.model_name}, {"choices", json::array({choice})}};
+        json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                  {"model", opt.model_name}, {"choices", json::array({choice})}};
+        if (p.include_usage && p.continuous_usage) j["usage"] = usage();  // as vLLM: the counts so far
+        return j;
       };
       // The role chunk goes out with a choice's first sampled token, not at accept time: clients
       // and benchmarks time the first token from the first chunk with choices (api.md 1.4).

@@ -207,7 +207,7 @@ struct Server::Impl {
       size_t from = c.content_sent > s.size() ? c.content_sent - s.size() : 0;
       size_t pos = may_stop ? c.content.find(s, from) : std::string::npos;
       if (pos != std::string::npos) {
-        c.content.resize(pos);
+        c.content.resize(pos + (p.include_stop_str ? s.size() : 0));
         c.stopped_by_string = true;
         final = true;
       }
@@ -238,13 +238,16 @@ struct Server::Impl {
       ++c.completion_tokens;
       maybe_fault(c.completion_tokens);
       c.cached_tokens = ev.cached_tokens;
-      if (p.sampling.logprobs && !ev.stop_token) c.logprobs.push_back(logprob_entry(ev.token, ev));
-      // A request's own stop_token_ids end the text like a stop string: the token is not output.
-      bool user_stop = ev.stop_token && std::find(chat_stop_ids.begin(), chat_stop_ids.end(), ev.token) == chat_stop_ids.end();
+      // A request's own stop_token_ids end the text like a stop string: the token is not output (unless
+      // include_stop_str_in_output); the model's own end tokens never are.
+      const bool user_stop = ev.stop_token && std::find(chat_stop_ids.begin(), chat_stop_ids.end(), ev.token) == chat_stop_ids.end();
+      const bool user_stop_kept = user_stop && p.include_stop_str &&
+                                  std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), ev.token) != p.stop_token_ids.end();
+      if (p.sampling.logprobs && (!ev.stop_token || user_stop_kept)) c.logprobs.push_back(logprob_entry(ev.token, ev));
       if (chat) {
         std::vector<harmony::Event> evs = std::move(c.pending);
         c.pending.clear();
-        if (!user_stop)
+        if (!user_stop || user_stop_kept)
           for (auto& h : c.parser->push(ev.token)) evs.push_back(std::move(h));
         if (finishing) {
           auto more = c.parser->finish();
@@ -267,7 +270,7 @@ struct Server::Impl {
             delta["tool_calls"].push_back({{"index", c.tool_calls.size() - 1}, {"function", {{"arguments", h.text}}}});
           }
         }
-      } else if (!ev.stop_token) {
+      } else if (!ev.stop_token || user_stop_kept) {
         content_delta += add_content(c, c.dec->push(ev.token), p, false);
       }
     }

@@ -177,6 +177,11 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
       if (!so["include_usage"].is_boolean()) bad("stream_options.include_usage", "'include_usage' must be a boolean");
       p.include_usage = so["include_usage"];
     }
+    if (so.contains("continuous_usage_stats") && !so["continuous_usage_stats"].is_null()) {
+      if (!so["continuous_usage_stats"].is_boolean())
+        bad("stream_options.continuous_usage_stats", "'continuous_usage_stats' must be a boolean");
+      p.continuous_usage = so["continuous_usage_stats"];
+    }
   }
   if (chat) {
     if (present(body, "logprobs")) {
@@ -221,6 +226,11 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
   if (present(body, "ignore_eos")) {
     if (!body["ignore_eos"].is_boolean()) bad("ignore_eos", "'ignore_eos' must be a boolean");
     p.ignore_eos = body["ignore_eos"].get<bool>();
+  }
+  if (present(body, "include_stop_str_in_output")) {
+    if (!body["include_stop_str_in_output"].is_boolean())
+      bad("include_stop_str_in_output", "'include_stop_str_in_output' must be a boolean");
+    p.include_stop_str = body["include_stop_str_in_output"].get<bool>();
   }
   if (present(body, "min_tokens")) {
     int64_t m = integer(body, "min_tokens", 0, 1 << 30);

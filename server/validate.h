@@ -28,6 +28,8 @@ struct CommonParams {
   int n = 1;
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // vLLM's stream_options.continuous_usage_stats: usage in every chunk too
+  bool include_stop_str = false;  // vLLM's include_stop_str_in_output: the matched stop string (or stop_token_ids' text) stays
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // vLLM extension; the caller checks them against the vocabulary
   bool ignore_eos = false;  // vLLM extension: the model's end tokens (eos ids; chat: <|return|>, <|call|>) do not stop

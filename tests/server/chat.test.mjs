@@ -67,6 +67,30 @@ test('stream_options.include_usage sends one usage chunk with empty choices last
   assert.equal(chunks.filter((c) => c.usage).length, 1);
 });
 
+test('stream_options.continuous_usage_stats (vLLM): every chunk carries the counts so far', async () => {
+  const chunks = await collect(await oa.chat.completions.create({
+    model: MODEL, messages: user('Count tokens.'), max_tokens: 6, stream: true,
+    stream_options: { include_usage: true, continuous_usage_stats: true },
+  }));
+  let prev = 0;
+  for (const c of chunks) {
+    checkUsage(c.usage);
+    assert.ok(c.usage.completion_tokens >= prev, JSON.stringify(c.usage));
+    prev = c.usage.completion_tokens;
+  }
+  assert.deepEqual(chunks.at(-1).choices, []);
+  assert.equal(chunks.at(-2).usage.completion_tokens, chunks.at(-1).usage.completion_tokens);
+  // Without include_usage it asks for nothing (as vLLM); a non-boolean is a 400 naming it.
+  const plain = await collect(await oa.chat.completions.create({
+    model: MODEL, messages: user('Count tokens.'), max_tokens: 3, stream: true, stream_options: { continuous_usage_stats: true },
+  }));
+  assert.equal(plain.filter((c) => c.usage).length, 0);
+  const bad = await oa.chat.completions.create({ model: MODEL, messages: user('x'), max_tokens: 2, stream: true,
+    stream_options: { include_usage: true, continuous_usage_stats: 'yes' } }).catch((e) => e);
+  assert.equal(bad.status, 400);
+  assert.equal(bad.param, 'stream_options.continuous_usage_stats');
+});
+
 test('a repeated prompt reports cached_tokens from the prefix cache', async () => {
   const messages = [{ role: 'system', content: 'You are a test. '.repeat(20) }, ...user('Repeat me exactly.')];
   const a = await oa.chat.completions.create({ model: MODEL, messages, max_tokens: 2, temperature: 0 });

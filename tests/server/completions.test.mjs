@@ -106,6 +106,29 @@ test('stop_token_ids end generation before the stop token (finish_reason stop)',
   assert.equal(s.usage.completion_tokens, 2);
 });
 
+test('include_stop_str_in_output (vLLM) keeps the matched stop string and the stop token', async (t) => {
+  const prompt = [3000, 3001, 3002, 3003];
+  const { r, text: second, ids } = await greedy_token(prompt, 3, 1);
+  const first = r.choices[0].logprobs.tokens[0];
+  const base = { model: MODEL, prompt, max_tokens: 3, temperature: 0, logprobs: 0 };
+  if (first.length > 0) {  // the stop string matches at the start: nothing, or just the string
+    const cut = await oa.completions.create({ ...base, stop: [first] });
+    assert.equal(cut.choices[0].text, '');
+    const kept = await oa.completions.create({ ...base, stop: [first], include_stop_str_in_output: true });
+    assert.equal(kept.choices[0].text, first);
+    assert.equal(kept.choices[0].finish_reason, 'stop');
+  }
+  if (!ids) return t.skip(`token ${JSON.stringify(second)} does not round-trip`);
+  const s = await oa.completions.create({ ...base, stop_token_ids: ids, include_stop_str_in_output: true });
+  assert.equal(s.choices[0].finish_reason, 'stop');
+  assert.equal(s.usage.completion_tokens, 2);
+  assert.deepEqual(s.choices[0].logprobs.tokens, [first, second]);
+  assert.equal(s.choices[0].text, first + second);
+  const bad = await oa.completions.create({ ...base, include_stop_str_in_output: 1 }).catch((e) => e);
+  assert.equal(bad.status, 400);
+  assert.equal(bad.param, 'include_stop_str_in_output');
+});
+
 test('logit_bias: +100 forces a token, -100 moves the greedy pick away', async (t) => {
   const prompt = [3000, 3001, 3002, 3003];
   const { text: first, ids } = await greedy_token(prompt, 3, 0);
