@@ -241,6 +241,11 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
   p.json_schema = held_output(body);
   for (const char* unsupported : {"chat_template", "guided_grammar"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
+  // Completions' echo and suffix would change the text a client reads back: refused, not ignored.
+  if (!chat && present(body, "echo") && body["echo"] != false)
+    bad("echo", "'echo' is not supported (the prompt's log-probs are not computed)");
+  if (!chat && present(body, "suffix") && body["suffix"] != "")
+    bad("suffix", "'suffix' is not supported");
   return p;
 }
 

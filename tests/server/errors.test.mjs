@@ -46,6 +46,8 @@ const BAD = [
   ['24 stop_token_ids ["a"]', 'chat', chat({ stop_token_ids: ['a'] }), 'stop_token_ids'],
   ['24 stop_token_ids out of vocab', 'cmpl', cmpl({ stop_token_ids: [999999] }), 'stop_token_ids'],
   ['25 min_tokens > max_tokens', 'chat', chat({ min_tokens: 50, max_tokens: 10 }), 'min_tokens'],
+  ['echo (completions)', 'cmpl', cmpl({ echo: true }), 'echo'],
+  ['suffix (completions)', 'cmpl', cmpl({ suffix: 'end' }), 'suffix'],
   ['26 logit_bias', 'chat', chat({ logit_bias: { abc: 5 } }), 'logit_bias'],
   ['26 logit_bias out of vocab', 'cmpl', cmpl({ logit_bias: { 999999: 5 } }), 'logit_bias'],
   ['27 seed 2^70', 'chat', chat({ seed: 2 ** 70 }), 'seed'],
