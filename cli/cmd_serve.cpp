@@ -39,6 +39,7 @@ struct ServeOptions {
   bool enable_prefix_caching = true;
   bool decode_ahead = true;
   std::string dummy_weights;  // preset served with random GPU-made weights (benchmarks)
+  std::vector<std::string> served_names;  // --served-model-name (server::ModelNames)
 };
 
 std::atomic<int> g_signal{0};
@@ -106,14 +107,18 @@ void run_serve(ServeOptions o) {
     o.model_dir = demo_model_dir();  // for the tokenizer only: the weights are made on the GPU
     log::warn("--dummy-weights {}: RANDOM weights at the real shapes, for benchmarks; answers are random text",
               o.dummy_weights);
-    if (o.srv.model_name.empty()) o.srv.model_name = "dummy-" + o.dummy_weights;
+    if (o.served_names.empty()) o.served_names = {"dummy-" + o.dummy_weights};
   } else if (o.model_dir.empty()) {
     o.model_dir = demo_model_dir();
     log::warn("no --model given: serving the tiny demo model with RANDOM weights; answers are random text");
-    if (o.srv.model_name.empty()) o.srv.model_name = "mxserve-demo-tiny";
+    if (o.served_names.empty()) o.served_names = {"mxserve-demo-tiny"};
   }
-  if (o.srv.model_name.empty()) o.srv.model_name = std::filesystem::path(o.model_dir).filename().string();
-  if (o.srv.model_name.empty()) o.srv.model_name = o.model_dir;
+  if (o.served_names.empty()) {
+    o.srv.model = server::default_model_names(o.model_dir);
+  } else {
+    o.srv.model.primary = o.served_names[0];
+    o.srv.model.aliases.assign(o.served_names.begin() + 1, o.served_names.end());
+  }
 
   if (o.tp.node_rank > 0) {  // a node other than 0 serves nothing: its GPUs run node 0's steps
     auto tok = Tokenizer::load(o.model_dir + "/tokenizer.json");
@@ -129,7 +134,9 @@ void run_serve(ServeOptions o) {
   o.srv.http_threads = o.max_num_seqs + std::min(o.max_waiting, 4096) + 8;
   server::Server srv(o.srv);
   if (!srv.bind()) fail("cannot listen on {}:{} (in use or not permitted)", o.srv.host, o.srv.port);
-  log::info("listening on http://{}:{} (model '{}')", o.srv.host, srv.port(), o.srv.model_name);
+  std::string names;
+  for (const std::string& n : o.srv.model.all()) names += (names.empty() ? "'" : ", '") + n + "'";
+  log::info("listening on http://{}:{} (model {})", o.srv.host, srv.port(), names);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   std::thread http([&] { srv.listen(); });
@@ -192,7 +199,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", o->srv.host)->capture_default_str();
   cmd->add_option("--port", o->srv.port, "0 = any free port")->capture_default_str()->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", o->srv.api_key, "require 'Authorization: Bearer KEY' on every route but /health, /ping and /version");
-  cmd->add_option("--served-model-name", o->srv.model_name);
+  cmd->add_option("--served-model-name", o->served_names,
+                  "names a request's model may give; the first is the one listed first and in responses (default: the "
+                  "directory's name; a Hugging Face cache snapshot's Hub id; gpt-oss-120b / -20b also answer to openai/NAME)");
   cmd->add_option("--max-model-len", o->max_model_len, "0 = the model's")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "0 = by GPU: on the CUDA engine 1024 with >= 120 GiB, 512 with >= 70 GiB, else 256")
       ->capture_default_str()

@@ -134,7 +134,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
   };
   auto abort = [e, c] { e->abort(c->id); };
   auto finish_and_store = [this, run](const OutputBuilder& out) {
-    json o = response_object(*run, opt.model_name, &out);
+    json o = response_object(*run, opt.model.primary, &out);
     if (run->req.store) {
       json messages = run->req.messages;
       messages.push_back(output_as_message(out.items()));
@@ -171,8 +171,8 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
         ok = sink.is_writable() && sink.write(s.data(), s.size());
       };
       OutputBuilder out([&](json ev) { send(ev); });
-      out.send({{"type", "response.created"}, {"response", response_object(*run, opt.model_name, nullptr)}});
-      out.send({{"type", "response.in_progress"}, {"response", response_object(*run, opt.model_name, nullptr)}});
+      out.send({{"type", "response.created"}, {"response", response_object(*run, opt.model.primary, nullptr)}});
+      out.send({{"type", "response.in_progress"}, {"response", response_object(*run, opt.model.primary, nullptr)}});
       if (drive(out, [&] { return ok; }) && ok) {
         json o = finish_and_store(out);
         const std::string status = o["status"];

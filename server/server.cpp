@@ -111,7 +111,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
 
   if (!p.stream) {
     auto full_body = [=, this] {
-      json out = {{"id", id}, {"object", object}, {"created", created}, {"model", opt.model_name}, {"choices", json::array()}};
+      json out = {{"id", id}, {"object", object}, {"created", created}, {"model", opt.model.primary}, {"choices", json::array()}};
       for (auto& c : *choices) {
         json ch = {{"index", c->index}, {"finish_reason", c->finish}};
         json lp = p.sampling.logprobs ? json{{"content", c->logprobs}} : json(nullptr);
@@ -159,7 +159,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       };
       auto chunk = [&](json choice) {
         json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                  {"model", opt.model_name}, {"choices", json::array({choice})}};
+                  {"model", opt.model.primary}, {"choices", json::array({choice})}};
         if (p.include_usage && p.continuous_usage) j["usage"] = usage();  // as vLLM: the counts so far
         return j;
       };
@@ -182,7 +182,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       });
       if (ok && p.include_usage) {
         json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                  {"model", opt.model_name}, {"choices", json::array()}, {"usage", usage()}};
+                  {"model", opt.model.primary}, {"choices", json::array()}, {"usage", usage()}};
         ok = send(u);
       }
       if (ok) {
@@ -241,21 +241,23 @@ void Server::Impl::setup() {
   http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
     runtime::Engine* e = engine.load();
-    res.set_content(metrics.text(opt.model_name, e ? e->stats() : runtime::EngineStats{}), "text/plain; version=0.0.4");
+    res.set_content(metrics.text(opt.model.primary, e ? e->stats() : runtime::EngineStats{}), "text/plain; version=0.0.4");
   });
   http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
-    res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(), "application/json");
+    json data = json::array();  // every served name, as vLLM lists them: the primary first
+    for (const std::string& name : opt.model.all()) data.push_back(model_object(name));
+    res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
   });
   // OpenAI's retrieve (`client.models.retrieve(id)`); the id may hold '/' (an HF id as the served name).
   http.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
     if (!authorized(req, res)) return;
     const std::string id = req.matches[1];
-    if (id != opt.model_name) {
+    if (!opt.model.contains(id)) {
       send_error(res, 404, fmt::format("The model `{}` does not exist.", id), "not_found_error", "model");
       return;
     }
-    res.set_content(model_object().dump(), "application/json");
+    res.set_content(model_object(id).dump(), "application/json");
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, true); });
   http.Post("/v1/completions", [this](const httplib::Request& q, httplib::Response& r) { handle_generate(q, r, false); });

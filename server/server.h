@@ -7,6 +7,7 @@
 
 #include "runtime/engine.h"
 #include "server/metrics.h"
+#include "server/model_names.h"
 #include "server/validate.h"
 #include "tokenizer/tokenizer.h"
 
@@ -18,7 +19,7 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string api_key;               // empty = no auth
-  std::string model_name;            // set by the CLI
+  ModelNames model;                  // set by the CLI: the name responses carry and the others a request may give
   size_t max_body_bytes = 2u << 20;
   double request_timeout_s = 600;
   // HTTP worker threads. A streaming or queued request holds one for its whole life, so the server

@@ -120,16 +120,16 @@ struct Server::Impl {
       send_error(res, 400, "request body must be a JSON object", "invalid_request_error");
       return std::nullopt;
     }
-    if (b.contains("model") && b["model"].is_string() && b["model"] != opt.model_name) {
+    if (b.contains("model") && b["model"].is_string() && !opt.model.contains(b["model"].get<std::string>())) {
       send_error(res, 404, fmt::format("The model `{}` does not exist.", b["model"].get<std::string>()), "not_found_error", "model");
       return std::nullopt;
     }
     return b;
   }
 
-  // The served model as /v1/models lists it (max_model_len once the engine is up, as vLLM adds it).
-  json model_object() const {
-    json m = {{"id", opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "mxserve"}};
+  // A served name's entry in /v1/models (max_model_len once the engine is up, as vLLM adds it).
+  json model_object(const std::string& name) const {
+    json m = {{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "mxserve"}};
     if (const runtime::Engine* e = engine.load()) m["max_model_len"] = e->max_model_len();
     return m;
   }

@@ -62,15 +62,23 @@ test('/v1/models/{id} retrieves the served model; another id is a 404', async ()
   assert.match(err.message, /`nope` does not exist/);
 });
 
-test('/v1/models/{id} takes a served name with a slash, as sent or escaped', async () => {
+test('several --served-model-name names (vLLM): all listed and accepted, the first in responses; a slash as sent or escaped', async () => {
   const name = 'openai/gpt-oss-demo';
-  const srv = await startServer(['--served-model-name', name]);
+  const srv = await startServer(['--served-model-name', name, 'demo-alias']);
   try {
-    const m = await client({ baseURL: `${srv.base}/v1` }).models.retrieve(name);
-    assert.equal(m.id, name);
+    const oa2 = client({ baseURL: `${srv.base}/v1` });
+    const listed = [];
+    for await (const m of oa2.models.list()) listed.push(m.id);
+    assert.deepEqual(listed, [name, 'demo-alias']);
+    assert.equal((await oa2.models.retrieve(name)).id, name);
+    assert.equal((await oa2.models.retrieve('demo-alias')).id, 'demo-alias');
     const escaped = await raw(`/v1/models/${encodeURIComponent(name)}`, { method: 'GET', base: srv.base });
     assert.equal(escaped.status, 200, escaped.text);
     assert.equal(escaped.json.id, name);
+    const r = await oa2.completions.create({ model: 'demo-alias', prompt: 'abc', max_tokens: 2 });
+    assert.equal(r.model, name);
+    const err = await oa2.completions.create({ model: MODEL, prompt: 'abc', max_tokens: 2 }).catch((e) => e);
+    assert.equal(err.status, 404);
   } finally {
     srv.proc.kill('SIGKILL');
   }

@@ -44,7 +44,7 @@ struct FakeServer {
   int port() { return srv.port(); }
   static ServerOptions local(ServerOptions o) {
     o.port = 0;  // any free port
-    o.model_name = "fake";
+    o.model.primary = "fake";
     return o;
   }
 };
