@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "server/server_impl.h"
+#include "tokenizer/byte_level.h"
 
 namespace mx::server {
 
@@ -273,7 +274,18 @@ void Server::Impl::setup() {
       if (body->contains("messages")) ids = harmony::render_chat(harmony::chat_request_from_json(*body), *tok).tokens;
       else if (body->contains("prompt") && (*body)["prompt"].is_string()) ids = tok->encode((*body)["prompt"].get<std::string>(), false);
       else throw InvalidRequest("prompt", "'prompt' (string) or 'messages' is required");
-      res.set_content(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine.load()->max_model_len()}}.dump(), "application/json");
+      json out = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine.load()->max_model_len()}};
+      if (body->contains("return_token_strs") && !(*body)["return_token_strs"].is_null()) {
+        if (!(*body)["return_token_strs"].is_boolean())
+          throw InvalidRequest("return_token_strs", "'return_token_strs' must be a boolean");
+        if ((*body)["return_token_strs"].get<bool>()) {  // vLLM's: each token as the vocabulary writes it
+          json strs = json::array();
+          for (int32_t id : ids)
+            strs.push_back(tok->is_special(id) ? tok->token_bytes(id) : mx::tok::byte_level_text(tok->token_bytes(id)));
+          out["token_strs"] = strs;
+        }
+      }
+      res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
     } catch (const InvalidRequest& ex) {
       send_error(res, 400, ex.what(), "invalid_request_error", ex.param());
     }

@@ -4,6 +4,10 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tokenizer/utf8.h"
 
 namespace mx::tok {
 
@@ -26,6 +30,14 @@ struct ByteLevelAlphabet {
 inline const ByteLevelAlphabet& byte_level_alphabet() {
   static const ByteLevelAlphabet a;
   return a;
+}
+
+// Bytes as the vocabulary writes them (each byte's stand-in, UTF-8 encoded): " world" -> "\u0120world", what
+// Hugging Face's convert_ids_to_tokens returns.
+inline std::string byte_level_text(std::string_view bytes) {
+  std::string out;
+  for (const char c : bytes) utf8::append_code_point(out, byte_level_alphabet().byte_to_cp[uint8_t(c)]);
+  return out;
 }
 
 }  // namespace mx::tok

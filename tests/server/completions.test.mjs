@@ -2,7 +2,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
-import { client, raw, startServer, MODEL } from './helpers.mjs';
+import { client, raw, startServer, user, MODEL } from './helpers.mjs';
 
 const oa = client();
 
@@ -82,6 +82,23 @@ test('several --served-model-name names (vLLM): all listed and accepted, the fir
   } finally {
     srv.proc.kill('SIGKILL');
   }
+});
+
+test('/tokenize and /detokenize round-trip; return_token_strs (vLLM) gives the vocabulary\'s spelling', async () => {
+  const t = await raw('/tokenize', { body: JSON.stringify({ prompt: 'hello world', return_token_strs: true }) });
+  assert.equal(t.status, 200, t.text);
+  assert.equal(t.json.count, t.json.tokens.length);
+  assert.equal(typeof t.json.max_model_len, 'number');
+  assert.deepEqual(t.json.token_strs, ['hello', '\u0120world']);  // o200k: two tokens, the space as U+0120
+  const d = await raw('/detokenize', { body: JSON.stringify({ tokens: t.json.tokens }) });
+  assert.equal(d.json.prompt, 'hello world');
+  const plain = await raw('/tokenize', { body: JSON.stringify({ prompt: 'hello world' }) });
+  assert.equal(plain.json.token_strs, undefined);
+  const chat = await raw('/tokenize', { body: JSON.stringify({ messages: user('hi'), return_token_strs: true }) });
+  assert.ok(chat.json.token_strs.includes('<|start|>'), JSON.stringify(chat.json.token_strs));
+  const bad = await raw('/tokenize', { body: JSON.stringify({ prompt: 'x', return_token_strs: 'yes' }) });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'return_token_strs');
 });
 
 test('/version, and /ping answered as /health (GET and POST)', async () => {

@@ -59,6 +59,14 @@ TEST(Tokenizer, MatchesHuggingFaceGoldens) {
   }
 }
 
+// A token's bytes as the vocabulary spells them (what /tokenize's return_token_strs gives).
+TEST(Tokenizer, ByteLevelTextSpellsBytesAsTheVocabulary) {
+  EXPECT_EQ(mx::tok::byte_level_text(" world"), "\u0120world");
+  EXPECT_EQ(mx::tok::byte_level_text("a\nb"), "a\u010ab");
+  EXPECT_EQ(mx::tok::byte_level_text("\xc3\xa9"), "\u00c3\u00a9");  // 'é' as its two bytes' stand-ins
+  EXPECT_EQ(mx::tok::byte_level_text(""), "");
+}
+
 // The PCRE2 split (with Oniguruma's \s) gives HF's pre-tokens, compared in byte-level form.
 TEST(Tokenizer, PretokenizerMatchesHuggingFacePieces) {
   REQUIRE_REAL_TOKENIZER();
