@@ -14,7 +14,8 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
   auto body = body_of(req, res);
   if (!body) return;
   CommonParams p;
-  std::vector<int32_t> prompt, forced;
+  std::vector<std::vector<int32_t>> prompts;  // chat: one; completions: OpenAI's batch of prompts
+  std::vector<int32_t> forced;
   std::shared_ptr<const harmony::ToolSchemas> held_tools;
   runtime::Engine* e = nullptr;
   try {
@@ -27,27 +28,17 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     if (chat) {
       harmony::ChatRequest cr = harmony::chat_request_from_json(*body);
       if (body->contains("tool_choice") && (*body)["tool_choice"] == "none") cr.tools = json::array();
-      prompt = harmony::render_chat(cr, *tok).tokens;
+      std::vector<int32_t> prompt = harmony::render_chat(cr, *tok).tokens;
       forced = forced_call(body->value("tool_choice", json()), cr);
       prompt.insert(prompt.end(), forced.begin(), forced.end());
+      prompts.push_back(std::move(prompt));
       held_tools = harmony::held_tool_schemas(cr.tools, body->value("tool_choice", json()));
     } else {
       if (!body->contains("prompt")) throw InvalidRequest("prompt", "'prompt' is required");
-      const json& pr = (*body)["prompt"];
-      if (pr.is_string()) {
-        prompt = tok->encode(pr.get<std::string>(), false);
-      } else if (pr.is_array() && !pr.empty() && pr[0].is_number_integer()) {
-        for (const auto& t : pr) {
-          if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok->vocab_size())
-            throw InvalidRequest("prompt", "token id out of vocabulary");
-          prompt.push_back(t.get<int32_t>());
-        }
-      } else if (pr.is_array() && pr.size() == 1 && pr[0].is_string()) {
-        prompt = tok->encode(pr[0].get<std::string>(), false);
-      } else {
-        throw InvalidRequest("prompt", "'prompt' must be a string, a list of one string, or a list of token ids");
-      }
-      if (prompt.empty()) throw InvalidRequest("prompt", "'prompt' must not be empty");
+      prompts = completion_prompts((*body)["prompt"]);
+      if (int(prompts.size()) * p.n > opt.limits.max_choices)
+        throw InvalidRequest("prompt", fmt::format("{} prompts x n = {} choices: at most {} a request", prompts.size(),
+                                                   int(prompts.size()) * p.n, opt.limits.max_choices));
     }
   } catch (const InvalidRequest& ex) {
     send_error(res, 400, ex.what(), "invalid_request_error", ex.param());
@@ -57,20 +48,27 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     return;
   }
   auto choices = std::make_shared<std::vector<std::unique_ptr<ChoiceState>>>();
-  if (!submit(*e, prompt, p, chat, *choices, res, forced, held_tools)) return;
+  for (const auto& prompt : prompts)  // all lengths first: a 400 submits nothing
+    if (!fits_context(*e, prompt, p, res)) return;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    if (!submit(*e, prompts[i], p, chat, *choices, res, forced, held_tools, int(i) * p.n)) return;
   const auto t0 = clock_t_::now();
   const std::string id = random_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
-  const int prompt_tokens = int(prompt.size());
+  int prompt_tokens = 0;
+  for (const auto& prompt : prompts) prompt_tokens += int(prompt.size());
   const std::string object = chat ? "chat.completion" : "text_completion";
 
-  auto usage = [choices, prompt_tokens] {
-    int ct = 0;
-    for (auto& c : *choices) ct += c->completion_tokens;
-    // The prompt is counted once, so its cache hit is the first choice's (the others run the same
-    // prompt as separate engine requests).
+  auto usage = [choices, prompt_tokens, n = p.n] {
+    int ct = 0, cached = 0;
+    for (auto& c : *choices) {
+      ct += c->completion_tokens;
+      // Each prompt is counted once, so its cache hit is its first choice's (the others run the same
+      // prompt as separate engine requests).
+      if (c->index % n == 0) cached += c->cached_tokens;
+    }
     return json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", ct}, {"total_tokens", prompt_tokens + ct},
-                {"prompt_tokens_details", {{"cached_tokens", choices->front()->cached_tokens}}}};
+                {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   };
   auto abort_all = [e, choices] {
     for (auto& c : *choices) e->abort(c->id);
@@ -85,7 +83,9 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
       for (auto& c : *choices) {
         if (!c->finish.empty()) continue;
         all_done = false;
-        for (auto& ev : c->ch->pop(std::chrono::milliseconds(choices->size() > 1 ? 5 : 50))) {
+        // Several choices are polled in turn: a pass over idle ones stays near 50 ms however many there are.
+        const int wait_ms = choices->size() > 1 ? std::clamp(50 / int(choices->size()), 1, 5) : 50;
+        for (auto& ev : c->ch->pop(std::chrono::milliseconds(wait_ms))) {
           if (!c->finish.empty()) break;
           if (ev.token >= 0) {
             auto now = clock_t_::now();

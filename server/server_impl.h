@@ -141,27 +141,70 @@ struct Server::Impl {
     return e && !e->draining() ? e : nullptr;
   }
 
+  // /v1/completions' prompt as OpenAI takes it: a string, token ids, or a batch of either (each prompt's n
+  // choices follow the one before's). Throws InvalidRequest naming 'prompt'.
+  std::vector<std::vector<int32_t>> completion_prompts(const json& pr) const {
+    auto ids_of = [&](const json& a) {
+      std::vector<int32_t> ids;
+      for (const auto& t : a) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok->vocab_size())
+          throw InvalidRequest("prompt", "token id out of vocabulary");
+        ids.push_back(t.get<int32_t>());
+      }
+      return ids;
+    };
+    std::vector<std::vector<int32_t>> out;
+    if (pr.is_string()) {
+      out.push_back(tok->encode(pr.get<std::string>(), false));
+    } else if (pr.is_array() && !pr.empty() && pr[0].is_number_integer()) {
+      out.push_back(ids_of(pr));
+    } else if (pr.is_array() && !pr.empty() && (pr[0].is_string() || pr[0].is_array())) {
+      for (const auto& x : pr) {
+        if (x.is_string()) out.push_back(tok->encode(x.get<std::string>(), false));
+        else if (x.is_array()) out.push_back(ids_of(x));
+        else throw InvalidRequest("prompt", "a batch of prompts holds strings or lists of token ids");
+      }
+    } else {
+      throw InvalidRequest("prompt", "'prompt' must be a string, a list of token ids, or a list of either");
+    }
+    for (const auto& x : out)
+      if (x.empty()) throw InvalidRequest("prompt", "'prompt' must not be empty");
+    return out;
+  }
+
+  // False (a 400 sent) when the prompt and the tokens asked for do not fit the context.
+  bool fits_context(runtime::Engine& e, const std::vector<int32_t>& prompt, const CommonParams& p, httplib::Response& res) {
+    const int limit = e.max_model_len();
+    const int max_tokens = p.max_tokens < 0 ? limit - int(prompt.size()) : p.max_tokens;
+    if (int(prompt.size()) + std::max(max_tokens, 1) <= limit) return true;
+    send_error(res, 400,
+               fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the "
+                           "prompt, {} for the completion).",
+                           limit, int(prompt.size()) + std::max(max_tokens, 1), prompt.size(), std::max(max_tokens, 1)),
+               "invalid_request_error", p.max_tokens < 0 ? "messages" : "max_tokens");
+    return false;
+  }
+
   // Submits n choices; answers 429 and returns false if the queue is full.
   // `forced`: the prompt's last tokens, the start of a forced tool call (forced_tool_call_prefix): each
   // choice's parser reads them first, so the call's name is reported like a generated one.
   // `tools`: the calls whose arguments are held to their schemas (harmony::held_tool_schemas).
+  // `index0`: the first choice's index (a batch of prompts: the prompt's position x n). A failure aborts
+  // every choice already in `out`.
   bool submit(runtime::Engine& e, const std::vector<int32_t>& prompt, const CommonParams& p, bool chat,
               std::vector<std::unique_ptr<ChoiceState>>& out, httplib::Response& res,
-              const std::vector<int32_t>& forced = {}, std::shared_ptr<const harmony::ToolSchemas> tools = nullptr) {
-    int limit = e.max_model_len();
-    int max_tokens = p.max_tokens < 0 ? limit - int(prompt.size()) : p.max_tokens;
-    if (int(prompt.size()) + std::max(max_tokens, 1) > limit) {
-      send_error(res, 400,
-                 fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the "
-                             "prompt, {} for the completion).",
-                             limit, int(prompt.size()) + std::max(max_tokens, 1), prompt.size(), std::max(max_tokens, 1)),
-                 "invalid_request_error", p.max_tokens < 0 ? "messages" : "max_tokens");
+              const std::vector<int32_t>& forced = {}, std::shared_ptr<const harmony::ToolSchemas> tools = nullptr,
+              int index0 = 0) {
+    if (!fits_context(e, prompt, p, res)) {
+      for (auto& o : out) e.abort(o->id);
+      out.clear();
       return false;
     }
+    const int max_tokens = p.max_tokens < 0 ? e.max_model_len() - int(prompt.size()) : p.max_tokens;
     auto deadline = clock_t_::now() + std::chrono::milliseconds(int64_t(opt.request_timeout_s * 1000));
     for (int i = 0; i < p.n; ++i) {
       auto c = std::make_unique<ChoiceState>();
-      c->index = i;
+      c->index = index0 + i;
       if (chat) {
         c->parser = std::make_unique<harmony::StreamParser>(tok);
         for (int32_t t : forced)

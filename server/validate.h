@@ -14,6 +14,7 @@ namespace mx::server {
 
 struct Limits {
   int max_n = 16;
+  int max_choices = 64;  // prompts x n of a completions request (a batch of prompts)
   int max_top_logprobs = 20;
   int max_stop = 16;
   int max_stop_len = 256;

@@ -37,6 +37,41 @@ test('completions with token ids, logprobs and streaming usage', async () => {
   assert.equal(usage.prompt_tokens_details.cached_tokens, 16);  // one full 16-token block was cached
 });
 
+test('a batch of prompts (OpenAI): each prompt\'s n choices in order, usage over all of them', async () => {
+  const a = 'Once upon a time', b = [3000, 3001, 3002];
+  const base = { model: MODEL, max_tokens: 4, temperature: 0 };
+  const one_a = await oa.completions.create({ ...base, prompt: a });
+  const one_b = await oa.completions.create({ ...base, prompt: b });
+  const r = await oa.completions.create({ ...base, prompt: [a, a], n: 2 });
+  assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2, 3]);
+  for (const c of r.choices) assert.equal(c.text, one_a.choices[0].text);
+  assert.equal(r.usage.prompt_tokens, 2 * one_a.usage.prompt_tokens);
+  assert.equal(r.usage.completion_tokens, r.choices.length * 4);
+  const ids = await oa.completions.create({ ...base, prompt: [b, [3000, 3001, 3002]] });
+  assert.deepEqual(ids.choices.map((c) => c.text), [one_b.choices[0].text, one_b.choices[0].text]);
+  // Streamed: every choice index appears and ends.
+  const seen = new Map();
+  const stream = await oa.completions.create({ ...base, prompt: [a, 'Another prompt'], stream: true });
+  for await (const ch of stream)
+    for (const c of ch.choices) {
+      seen.set(c.index, (seen.get(c.index) ?? '') + c.text);
+      if (c.finish_reason) seen.set(`end${c.index}`, c.finish_reason);
+    }
+  assert.equal(seen.get(0), one_a.choices[0].text);
+  assert.ok(seen.has('end0') && seen.has('end1'), JSON.stringify([...seen]));
+});
+
+test('a batch of prompts: bad members and too many choices are a 400 naming prompt', async () => {
+  for (const prompt of [[], [[]], ['a', 5], ['a', ''], [[1, 'x']], Array(65).fill('a')]) {
+    const err = await oa.completions.create({ model: MODEL, prompt, max_tokens: 2 }).catch((e) => e);
+    assert.equal(err.status, 400, JSON.stringify(prompt).slice(0, 40));
+    assert.equal(err.param, 'prompt');
+  }
+  const err = await oa.completions.create({ model: MODEL, prompt: Array(9).fill('a'), n: 8, max_tokens: 2 }).catch((e) => e);
+  assert.equal(err.status, 400);
+  assert.match(err.message, /72 choices/);
+});
+
 test('completions n=2 and stop', async () => {
   const r = await oa.completions.create({ model: MODEL, prompt: 'abc', max_tokens: 4, n: 2, stop: 'zzz' });
   assert.deepEqual(r.choices.map((c) => c.index).sort(), [0, 1]);
