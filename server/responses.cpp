@@ -82,7 +82,7 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     return;
   }
   std::vector<std::unique_ptr<ChoiceState>> choices;
-  if (!submit(*e, prompt, p, true, choices, res, forced, held_tools)) return;
+  if (!fits_context(*e, prompt, p, res) || !submit(*e, prompt, p, true, choices, res, forced, held_tools)) return;
   auto c = std::shared_ptr<ChoiceState>(std::move(choices.front()));
   run->prompt_tokens = int(prompt.size());
   const auto t0 = clock_t_::now();

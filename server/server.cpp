@@ -48,7 +48,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
     return;
   }
   auto choices = std::make_shared<std::vector<std::unique_ptr<ChoiceState>>>();
-  for (const auto& prompt : prompts)  // all lengths first: a 400 submits nothing
+  for (const auto& prompt : prompts)  // every length before any submit: a 400 submits nothing
     if (!fits_context(*e, prompt, p, res)) return;
   for (size_t i = 0; i < prompts.size(); ++i)
     if (!submit(*e, prompts[i], p, chat, *choices, res, forced, held_tools, int(i) * p.n)) return;
@@ -224,9 +224,9 @@ void Server::Impl::setup() {
                  res.status >= 500 ? "internal_error" : "invalid_request_error");
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http.Get("/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); });
-  // vLLM's liveness aliases (SageMaker's /ping, GET or POST) and its version probe: no key needed, as /health.
+  // Liveness, no key needed: /health, and vLLM's alias /ping (SageMaker's, GET or POST); its version probe too.
   auto alive = [](const httplib::Request&, httplib::Response& res) { res.set_content("{\"status\":\"ok\"}", "application/json"); };
+  http.Get("/health", alive);
   http.Get("/ping", alive);
   http.Post("/ping", alive);
   http.Get("/version", [](const httplib::Request&, httplib::Response& res) {

@@ -185,7 +185,7 @@ struct Server::Impl {
     return false;
   }
 
-  // Submits n choices; answers 429 and returns false if the queue is full.
+  // Submits n choices of a prompt that fits_context passed; answers 429 and returns false if the queue is full.
   // `forced`: the prompt's last tokens, the start of a forced tool call (forced_tool_call_prefix): each
   // choice's parser reads them first, so the call's name is reported like a generated one.
   // `tools`: the calls whose arguments are held to their schemas (harmony::held_tool_schemas).
@@ -195,11 +195,6 @@ struct Server::Impl {
               std::vector<std::unique_ptr<ChoiceState>>& out, httplib::Response& res,
               const std::vector<int32_t>& forced = {}, std::shared_ptr<const harmony::ToolSchemas> tools = nullptr,
               int index0 = 0) {
-    if (!fits_context(e, prompt, p, res)) {
-      for (auto& o : out) e.abort(o->id);
-      out.clear();
-      return false;
-    }
     const int max_tokens = p.max_tokens < 0 ? e.max_model_len() - int(prompt.size()) : p.max_tokens;
     auto deadline = clock_t_::now() + std::chrono::milliseconds(int64_t(opt.request_timeout_s * 1000));
     for (int i = 0; i < p.n; ++i) {
