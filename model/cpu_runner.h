@@ -44,6 +44,7 @@ class CpuRunner : public ModelRunner {
   int vocab_limit_;
   int sliding_window_ = 0;  // kv_shape().sliding_window: 0 when no layer slides
   std::vector<std::vector<float>> logits_;  // per sampled sequence of the last step
+  std::vector<float> prompt_logits_;         // a prompt log-prob row's logits
   std::vector<std::vector<float>> scratch_;  // sampler buffers, one per pool part
   std::vector<int32_t> penalty_scratch_;     // adjust_row_logits' sort buffer
   std::vector<SampleJob> jobs_;

@@ -68,12 +68,28 @@ struct SeqStep {
   // A constrained row (structured output): bit id of word id / 64 set for each id it may take, applied
   // after the adjustments above; empty = any. A runner samples such a row on the host.
   std::span<const uint64_t> allowed{};
+  // Prompt log-probs (completions' echo with logprobs, vLLM's prompt_logprobs): rows [prompt_row0,
+  // prompt_row0 + prompt_targets.size()) of `tokens` each report the log-prob of the prompt token after
+  // them (prompt_targets[j]) under the raw logits, its rank and the prompt_top best ids, sampled or not.
+  int32_t prompt_row0 = 0;
+  std::span<const int32_t> prompt_targets{};
+  int32_t prompt_top = 0;  // 0..kMaxPromptTop
+};
+constexpr int kMaxPromptTop = 20;
+
+// One known token's log-prob (a prompt token after the row before it).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;  // log-softmax of the raw logits (ids past the tokenizer excluded)
+  int32_t rank = 0;      // 1 + the ids with a larger logit
+  std::vector<std::pair<int32_t, float>> top;  // the prompt_top best ids, best first (lowest id on ties)
 };
 
 struct SampleResult {
   int32_t token = -1;
   float logprob = 0.0f;      // log-softmax of the raw (temperature-free) logits, as OpenAI reports
   std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives, best first
+  std::vector<TokenLogprob> prompt;  // one a SeqStep::prompt_targets entry, in order
 };
 
 struct KvCacheShape {

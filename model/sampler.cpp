@@ -150,6 +150,23 @@ SampleResult sample_token(const float* logits, int vocab, const SamplingParams& 
   return r;
 }
 
+TokenLogprob token_logprob(const float* logits, int vocab, int32_t target, int top) {
+  TokenLogprob r;
+  r.token = target;
+  const auto [argmax, mx] = max_logit(logits, vocab);
+  (void)argmax;
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - mx);
+  const float log_z = float(mx + std::log(sum));
+  const float t = target >= 0 && target < vocab ? logits[target] : -std::numeric_limits<float>::infinity();
+  r.logprob = t - log_z;
+  r.rank = 1;
+  for (int i = 0; i < vocab; ++i) r.rank += logits[i] > t;
+  if (top > 0)
+    for (int id : top_ids(logits, vocab, std::min(top, vocab))) r.top.emplace_back(id, logits[id] - log_z);
+  return r;
+}
+
 void ban_tokens(float* logits, int vocab, std::span<const int32_t> banned) {
   for (int32_t id : banned)
     if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
@@ -204,8 +221,12 @@ void sample_tokens(std::span<const SampleJob> jobs, int vocab, ThreadPool& pool,
   if (parts == 0) return;
   if (scratch.size() < size_t(parts)) scratch.resize(parts);
   auto run = [&](int64_t part) {
-    for (int64_t i = n * part / parts; i < n * (part + 1) / parts; ++i)
-      *jobs[i].out = sample_token(jobs[i].logits, vocab, *jobs[i].params, jobs[i].rng_step, scratch[part]);
+    for (int64_t i = n * part / parts; i < n * (part + 1) / parts; ++i) {  // (the runner's prompt log-probs stay)
+      SampleResult r = sample_token(jobs[i].logits, vocab, *jobs[i].params, jobs[i].rng_step, scratch[part]);
+      jobs[i].out->token = r.token;
+      jobs[i].out->logprob = r.logprob;
+      jobs[i].out->top = std::move(r.top);
+    }
   };
   if (parts == 1) return run(0);
   pool.parallel_for(parts, [&](int64_t b, int64_t e) {

@@ -13,6 +13,10 @@ namespace mx {
 SampleResult sample_token(const float* logits, int vocab, const SamplingParams& p, uint64_t rng_step,
                           std::vector<float>& scratch);
 
+// The log-prob of `target` under the raw logits[vocab] (ids >= vocab excluded), its rank (1 + the ids
+// with a larger logit) and the `top` best ids: a prompt token's entry (SeqStep::prompt_targets).
+TokenLogprob token_logprob(const float* logits, int vocab, int32_t target, int top);
+
 // Sets the logits of `banned` ids (those in [0, vocab)) to -inf: tokens a row may not pick (min_tokens).
 void ban_tokens(float* logits, int vocab, std::span<const int32_t> banned);
 // Adds each bias to its id's logit (ids in [0, vocab)): OpenAI's logit_bias.

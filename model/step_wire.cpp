@@ -17,8 +17,9 @@ struct SeqHead {
   float temperature, top_p, min_p, presence, frequency, repetition;
   uint8_t sample, expect_next, logprobs, pad;
   int32_t nallow;  // 64-bit words of the allowed-token bits
+  int32_t nptgt, prompt_row0, prompt_top, pad2;  // prompt log-probs (SeqStep::prompt_targets)
 };
-static_assert(sizeof(SeqHead) == 96, "no implicit padding: every byte sent is written");
+static_assert(sizeof(SeqHead) == 112, "no implicit padding: every byte sent is written");
 
 template <class T>
 void put(std::string& s, const T& v) {
@@ -51,13 +52,15 @@ void encode_step(std::span<const SeqStep> seqs, size_t num_results, std::string&
                     int32_t(q.sliding_table.size()), int32_t(q.banned.size()), int32_t(q.logit_bias.size()),
                     int32_t(q.history.size()), q.prompt_len, p.top_k, p.top_logprobs, p.temperature, p.top_p, p.min_p,
                     p.presence_penalty, p.frequency_penalty, p.repetition_penalty,
-                    uint8_t(q.sample), uint8_t(q.expect_next), uint8_t(p.logprobs), 0, int32_t(q.allowed.size())};
+                    uint8_t(q.sample), uint8_t(q.expect_next), uint8_t(p.logprobs), 0, int32_t(q.allowed.size()),
+                    int32_t(q.prompt_targets.size()), q.prompt_row0, q.prompt_top, 0};
     put(out, h);
     put_ids(out, q.tokens);
     put_ids(out, q.block_table);
     put_ids(out, q.sliding_table);
     put_ids(out, q.banned);
     put_ids(out, q.history);
+    put_ids(out, q.prompt_targets);
     out.append(reinterpret_cast<const char*>(q.logit_bias.data()), q.logit_bias.size() * sizeof(LogitBias));
     out.append(reinterpret_cast<const char*>(q.allowed.data()), q.allowed.size() * 8);
   }
@@ -82,9 +85,9 @@ void decode_step(const std::string& in, WireStep& out) {
   for (uint32_t i = 0; i < n; ++i) {
     SeqHead& h = heads[i];
     r.take(&h, sizeof(h));
-    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0 || h.nbias < 0 || h.nhist < 0 || h.nallow < 0)
+    if (h.ntok < 0 || h.nbt < 0 || h.nsw < 0 || h.nban < 0 || h.nbias < 0 || h.nhist < 0 || h.nallow < 0 || h.nptgt < 0)
       fail("tensor parallelism: a step message with negative sizes");
-    const size_t ids = size_t(h.ntok) + size_t(h.nbt) + size_t(h.nsw) + size_t(h.nban) + size_t(h.nhist);
+    const size_t ids = size_t(h.ntok) + size_t(h.nbt) + size_t(h.nsw) + size_t(h.nban) + size_t(h.nhist) + size_t(h.nptgt);
     if (ids > (in.size() - r.at) / 4) fail("tensor parallelism: a step message cut short ({} bytes)", in.size());
     offs[i] = out.ints.size();
     out.ints.resize(offs[i] + ids);
@@ -111,6 +114,9 @@ void decode_step(const std::string& in, WireStep& out) {
     q.banned = {p + h.ntok + h.nbt + h.nsw, size_t(h.nban)};
     q.history = {p + h.ntok + h.nbt + h.nsw + h.nban, size_t(h.nhist)};
     q.prompt_len = h.prompt_len;
+    q.prompt_targets = {p + h.ntok + h.nbt + h.nsw + h.nban + h.nhist, size_t(h.nptgt)};
+    q.prompt_row0 = h.prompt_row0;
+    q.prompt_top = h.prompt_top;
     q.logit_bias = {out.biases.data() + boffs[i], size_t(h.nbias)};
     q.allowed = {out.allowed.data() + aoffs[i], size_t(h.nallow)};
     q.sample = h.sample != 0;

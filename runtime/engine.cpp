@@ -88,6 +88,11 @@ struct Engine::Seq {
   int sw_lo = 0;
   std::vector<uint64_t> hashes;     // chain hashes of blocks[0, hashes.size()), all in the cache
   int cached_tokens = -1;           // prefix-cache hit at first admission (-1 = not admitted yet)
+  // Prompt log-probs (GenRequest::prompt_logprobs): those of positions [0, size) so far (position p
+  // predicts prompt token p + 1), until they go out with the first token.
+  std::vector<TokenLogprob> prompt_lp;
+  bool prompt_lp_sent = false;
+  bool wants_prompt_lp() const { return req.prompt_logprobs >= 0 && !prompt_lp_sent; }
   bool done = false;
 };
 
@@ -110,6 +115,8 @@ Engine::~Engine() {
 }
 
 std::optional<int64_t> Engine::submit(GenRequest req, std::shared_ptr<Channel> ch) {
+  MX_CHECK(req.prompt_logprobs >= -1 && req.prompt_logprobs <= kMaxPromptTop, "prompt_logprobs {} is outside [-1, {}]",
+           req.prompt_logprobs, kMaxPromptTop);
   auto s = std::make_unique<Seq>();
   s->tokens = req.prompt;
   s->req = std::move(req);
@@ -188,7 +195,9 @@ void Engine::free_blocks(Seq& s) {
 static uint64_t sliding_key(uint64_t h) { return h ^ 0x736c6964696e6721ull; }
 
 int Engine::reuse_cached_prefix(Seq& s) {
-  const int max_blocks = (int(s.tokens.size()) - 1) / block_size_;  // the last token is always computed
+  int max_blocks = (int(s.tokens.size()) - 1) / block_size_;  // the last token is always computed
+  // Prompt log-probs come from computed rows: a cached prefix only as far as they are already known.
+  if (s.wants_prompt_lp()) max_blocks = std::min(max_blocks, int(s.prompt_lp.size()) / block_size_);
   s.blocks = pool_.match(s.tokens, max_blocks, s.hashes);
   // Resuming after L blocks needs the sliding layers' blocks of the window before position L *
   // block_size too. Where one of them is gone, the prefix is cut back to that block (whose own
@@ -418,6 +427,15 @@ bool Engine::step() {
     st.rng_step = uint64_t(s->generated);
     // This step's token is not the last by length and no request joins: the runner may start the next step early.
     st.expect_next = st.sample && continues(*s) && !joins;
+    if (s->wants_prompt_lp()) {  // the rows of prompt positions whose log-probs are not known yet
+      const int first = std::max(s->num_computed, int(s->prompt_lp.size()));
+      const int end = std::min(s->num_computed + n, int(s->req.prompt.size()) - 1);
+      if (end > first) {
+        st.prompt_row0 = first - s->num_computed;
+        st.prompt_targets = std::span<const int32_t>(s->tokens).subspan(size_t(first) + 1, size_t(end - first));
+        st.prompt_top = s->req.prompt_logprobs;
+      }
+    }
     int prompt_left = int(s->req.prompt.size()) - s->num_computed;
     if (prompt_left > 0) prompt_tokens += uint64_t(std::min(prompt_left, n));
   }
@@ -441,13 +459,23 @@ bool Engine::step() {
     auto [s, n] = sched[i];
     s->num_computed += n;
     cache_full_blocks(*s);
+    SampleResult& r = out[i];
+    if (!steps[i].prompt_targets.empty()) {
+      MX_CHECK(r.prompt.size() == steps[i].prompt_targets.size(), "the runner returned {} prompt log-probs for {} rows",
+               r.prompt.size(), steps[i].prompt_targets.size());
+      for (TokenLogprob& t : r.prompt) s->prompt_lp.push_back(std::move(t));
+    }
     if (!steps[i].sample) continue;
-    const SampleResult& r = out[i];
     TokenEvent ev;
     ev.token = r.token;
     ev.logprob = r.logprob;
     ev.top = r.top;
     ev.cached_tokens = std::max(s->cached_tokens, 0);
+    if (s->wants_prompt_lp()) {
+      ev.prompt_logprobs = std::move(s->prompt_lp);
+      s->prompt_lp = {};
+      s->prompt_lp_sent = true;
+    }
     s->tokens.push_back(r.token);
     if (s->req.constraint) s->req.constraint->accept(r.token);
     ++s->generated;

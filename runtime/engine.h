@@ -51,6 +51,9 @@ struct TokenEvent {
   FinishReason finish = FinishReason::kNone;
   bool stop_token = false;     // `token` is the stop token that ended the request
   int cached_tokens = 0;       // prompt tokens served from the prefix cache at admission
+  // With the first token of a request that asked for them (GenRequest::prompt_logprobs): prompt tokens
+  // 1.. each under the prompt before it (token 0 has none).
+  std::vector<TokenLogprob> prompt_logprobs;
 };
 
 // Per-request delivery queue (engine thread -> HTTP thread).
@@ -108,6 +111,10 @@ struct GenRequest {
   std::vector<int32_t> stop_token_ids;   // generation ends with finish "stop" on any of these
   std::vector<LogitBias> logit_bias;     // added to the logits before sampling, one entry an id
   std::shared_ptr<TokenConstraint> constraint;  // null = unconstrained
+  // The prompt's own log-probs (completions' echo with logprobs, vLLM's prompt_logprobs): -1 off, else
+  // the alternatives each prompt token reports (0..kMaxPromptTop). Such a prompt is computed, not taken
+  // from the prefix cache, up to its last token.
+  int prompt_logprobs = -1;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 

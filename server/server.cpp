@@ -122,21 +122,12 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
           ch["message"] = msg;
           ch["logprobs"] = lp;
         } else {
-          ch["text"] = c->content;
-          if (p.sampling.logprobs) {
-            json toks = json::array(), lps = json::array(), tops = json::array();
-            for (auto& l : c->logprobs) {
-              toks.push_back(l["token"]);
-              lps.push_back(l["logprob"]);
-              json t = json::object();
-              for (auto& x : l["top_logprobs"]) t[x["token"].get<std::string>()] = x["logprob"];
-              tops.push_back(t);
-            }
-            ch["logprobs"] = {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}};
-          } else {
-            ch["logprobs"] = nullptr;
-          }
+          ch["text"] = p.echo ? tok->decode(c->prompt) + c->content : c->content;
+          ch["logprobs"] = p.sampling.logprobs
+                               ? legacy_logprobs(*c, c->logprobs, p.echo, p.sampling.top_logprobs)
+                               : json(nullptr);
         }
+        if (p.prompt_logprobs >= 0) ch["prompt_logprobs"] = vllm_prompt_logprobs(*c, p.prompt_logprobs);
         out["choices"].push_back(ch);
       }
       out["usage"] = usage();
@@ -173,12 +164,18 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
             return false;
         }
         bool fin = !c.finish.empty();
-        if (d.empty() && !fin) return true;
+        // The choice's first chunk after its first token holds the echoed prompt and its log-probs.
+        const bool head = !c.head_sent && c.completion_tokens > 0 && (p.echo || p.prompt_logprobs >= 0);
+        if (d.empty() && !fin && !head) return true;
+        c.head_sent |= head;
         json ch = {{"index", c.index}, {"finish_reason", fin ? json(c.finish) : json(nullptr)}};
         if (chat) ch["delta"] = d;
-        else ch["text"] = d.value("text", "");
-        if (p.sampling.logprobs && !c.logprobs.empty()) ch["logprobs"] = {{"content", json::array({c.logprobs.back()})}};
-        else ch["logprobs"] = nullptr;
+        else ch["text"] = (head && p.echo ? tok->decode(c.prompt) : std::string()) + d.value("text", "");
+        const json last = c.logprobs.empty() ? json::array() : json::array({c.logprobs.back()});
+        if (!p.sampling.logprobs || (c.logprobs.empty() && !(head && p.echo))) ch["logprobs"] = nullptr;
+        else if (chat) ch["logprobs"] = {{"content", last}};
+        else ch["logprobs"] = legacy_logprobs(c, last, head && p.echo, p.sampling.top_logprobs);
+        if (head && p.prompt_logprobs >= 0) ch["prompt_logprobs"] = vllm_prompt_logprobs(c, p.prompt_logprobs);
         return send(chunk(ch));
       });
       if (ok && p.include_usage) {

@@ -55,6 +55,11 @@ struct ChoiceState {
   bool role_sent = false;                          // streaming chat: the role chunk went out
   std::vector<harmony::Event> pending;             // the forced prefix's events, sent with the first token
   bool stopped_by_string = false;
+  // Completions' echo and prompt_logprobs: the choice's prompt and its log-probs (entry i: prompt token
+  // i + 1), which come with the first token; streaming sends them in the choice's first chunk.
+  std::vector<int32_t> prompt;
+  std::vector<TokenLogprob> prompt_lp;
+  bool head_sent = false;
 };
 
 // Structured output as the engine asks for it (one a choice): harmony/output_constraint.h.
@@ -209,6 +214,8 @@ struct Server::Impl {
       }
       runtime::GenRequest g;
       g.prompt = prompt;
+      g.prompt_logprobs = p.prompt_top();
+      if (p.echo || p.prompt_logprobs >= 0) c->prompt = prompt;
       g.sampling = p.sampling;
       g.sampling.seed = p.sampling.seed + uint64_t(i) * 0x9E3779B97F4A7C15ull;
       g.max_tokens = max_tokens;
@@ -266,12 +273,57 @@ struct Server::Impl {
     return {{"token", tok->decode({tokid})}, {"logprob", ev.logprob}, {"top_logprobs", top}};
   }
 
+  // Completions' logprobs in OpenAI's legacy shape: `entries` (logprob_entry's), after the echoed prompt's
+  // tokens when `with_prompt` (its first token has no log-prob: null, as OpenAI and vLLM send it).
+  json legacy_logprobs(const ChoiceState& c, const json& entries, bool with_prompt, int top) const {
+    json toks = json::array(), lps = json::array(), tops = json::array();
+    if (with_prompt && !c.prompt.empty()) {
+      toks.push_back(tok->decode({c.prompt[0]}));
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      for (const TokenLogprob& t : c.prompt_lp) {
+        toks.push_back(tok->decode({t.token}));
+        lps.push_back(t.logprob);
+        json d = json::object();
+        for (size_t k = 0; k < t.top.size() && int(k) < top; ++k) d[tok->decode({t.top[k].first})] = t.top[k].second;
+        tops.push_back(d);
+      }
+    }
+    for (const auto& l : entries) {
+      toks.push_back(l["token"]);
+      lps.push_back(l["logprob"]);
+      json t = json::object();
+      for (const auto& x : l["top_logprobs"]) t[x["token"].get<std::string>()] = x["logprob"];
+      tops.push_back(t);
+    }
+    return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}};
+  }
+
+  // vLLM's prompt_logprobs: null for the first prompt token, then for each one a map from token id to
+  // {logprob, rank, decoded_token}: the prompt's own token and the `top` best ids.
+  json vllm_prompt_logprobs(const ChoiceState& c, int top) const {
+    json out = json::array();
+    if (c.prompt.empty()) return out;
+    out.push_back(nullptr);
+    auto entry = [&](float lp, int rank, int32_t id) { return json{{"logprob", lp}, {"rank", rank}, {"decoded_token", tok->decode({id})}}; };
+    for (const TokenLogprob& t : c.prompt_lp) {
+      json d = json::object();
+      d[std::to_string(t.token)] = entry(t.logprob, t.rank, t.token);
+      for (size_t k = 0; k < t.top.size() && int(k) < top; ++k)
+        if (!d.contains(std::to_string(t.top[k].first)))
+          d[std::to_string(t.top[k].first)] = entry(t.top[k].second, int(k) + 1, t.top[k].first);
+      out.push_back(d);
+    }
+    return out;
+  }
+
   // Feeds one engine event into a choice; returns the delta (chat: a delta object; completions:
   // {"text": ...}) or null when nothing is to be sent.
   json consume(runtime::Engine& e, ChoiceState& c, const runtime::TokenEvent& ev, const CommonParams& p, bool chat) {
     json delta = json::object();
     std::string content_delta, reasoning_delta;
     bool finishing = ev.finish != runtime::FinishReason::kNone;
+    if (!ev.prompt_logprobs.empty()) c.prompt_lp = ev.prompt_logprobs;
     if (ev.token >= 0) {
       ++c.completion_tokens;
       maybe_fault(c.completion_tokens);

@@ -241,9 +241,13 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
   p.json_schema = held_output(body);
   for (const char* unsupported : {"chat_template", "guided_grammar"})
     if (present(body, unsupported)) bad(unsupported, fmt::format("'{}' is not supported", unsupported));
-  // Completions' echo and suffix would change the text a client reads back: refused, not ignored.
-  if (!chat && present(body, "echo") && body["echo"] != false)
-    bad("echo", "'echo' is not supported (the prompt's log-probs are not computed)");
+  if (!chat && present(body, "echo")) {
+    if (!body["echo"].is_boolean()) bad("echo", "'echo' must be a boolean");
+    p.echo = body["echo"].get<bool>();
+  }
+  if (present(body, "prompt_logprobs"))  // (vLLM's -1, the whole vocabulary, is not offered)
+    p.prompt_logprobs = int(integer(body, "prompt_logprobs", 0, lim.max_top_logprobs));
+  // A suffix would change the text a client reads back: refused, not ignored.
   if (!chat && present(body, "suffix") && body["suffix"] != "")
     bad("suffix", "'suffix' is not supported");
   return p;

@@ -2,6 +2,7 @@
 // before anything is allocated (reliability.md table A). Throws mx::InvalidRequest naming the
 // parameter.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,6 +40,10 @@ struct CommonParams {
   // (json_object: any object; harmony/json_constraint.h), which also goes into the developer message.
   // Null: free text.
   std::shared_ptr<const harmony::JsonSchema> json_schema;
+  bool echo = false;         // completions: the prompt's text (and, with logprobs, its log-probs) before the output
+  int prompt_logprobs = -1;  // vLLM's prompt_logprobs: each prompt token's log-prob, rank and this many best ids
+  // The alternatives the engine computes for each prompt token (GenRequest::prompt_logprobs), -1: none.
+  int prompt_top() const { return std::max(prompt_logprobs, echo && sampling.logprobs ? sampling.top_logprobs : -1); }
 };
 
 // chat: logprobs is a bool + top_logprobs; completions: logprobs is an int (0..20).

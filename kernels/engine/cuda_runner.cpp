@@ -12,6 +12,7 @@
 #include "kernels/engine/runner.h"
 #include "kernels/engine/tp_runner.h"
 #include "kernels/moe_prefill/moe_prefill.h"
+#include "kernels/sampling/token_logprobs.h"
 #include "model/checkpoint.h"
 #include "model/shard_weights.h"
 #include "model/weights.h"
@@ -106,6 +107,10 @@ void CudaRunner::allocate() {
   // copy-engine hop between the step's last kernel and the host's wake-up.
   MX_CUDA(cudaHostAlloc(&host_res_, 2 * size_t(p.S) * 8, cudaHostAllocMapped));
   MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&res_dev_), host_res_, 0));
+  MX_CUDA(cudaHostAlloc(&prompt_targets_, size_t(p.T) * 4, cudaHostAllocMapped));
+  MX_CUDA(cudaHostAlloc(&prompt_res_, size_t(p.T) * cuda::kTokenLogprobFloats * 4, cudaHostAllocMapped));
+  MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_targets_dev_), prompt_targets_, 0));
+  MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_res_dev_), prompt_res_, 0));
 }
 
 CudaRunner::~CudaRunner() {
@@ -123,6 +128,8 @@ CudaRunner::~CudaRunner() {
   cudaFree(act_arena_);
   cudaFree(kv_arena_);
   cudaFreeHost(hmeta_block_);
+  cudaFreeHost(prompt_targets_);
+  cudaFreeHost(prompt_res_);
   cudaFreeHost(host_logits_);
   cudaFreeHost(host_res_);
   cudaStreamDestroy(stream_);

@@ -284,6 +284,13 @@ void Forward::decode_persistent(const StepView& st, int t0, int M, bool one_toke
   cuda::decode_step(p, stream_);
 }
 
+void Forward::row_logits(const float* x, const float* y_slot, int row0, int n, float* logits) {
+  const size_t H = size_t(shape_.H);
+  cuda::final_rmsnorm_bf16({x + size_t(row0) * H, y_slot ? y_slot + size_t(row0) * shape_.top_k * H : nullptr, nullptr},
+                           nullptr, model_.final_norm, model_.cfg.rms_norm_eps, act_.xs, n, int(H), stream_);
+  lm_head(logits, 0, n, true);
+}
+
 // Final norm + lm_head + pick for S rows of the current token block (x [*, H] + y_slot).
 void Forward::final_logits(const StepView& st, const float* x, const float* y_slot, const int32_t* rows, int s0,
                            int S) {

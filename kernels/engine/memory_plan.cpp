@@ -26,6 +26,7 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   // >= 64 also leaves room for the router's split-K partials (kRouterSplits x 8 tokens).
   p.T = std::max(opt.max_tokens_per_step, cuda::kDecodeMaxTokens * cuda::kRouterSplits);
   p.S = std::max(opt.max_num_seqs, cuda::kDecodeMaxTokens);
+  p.prompt_rows = std::min(MemoryPlan::kPromptRows, p.S);
   const size_t T = size_t(p.T), S = size_t(p.S), H = size_t(d.H), V = size_t(d.V), E = size_t(d.E),
                I = size_t(d.I), k = size_t(d.top_k);
   p.moe_max_tiles = cuda::moe_prefill_tile_bound(p.T, d.top_k, d.E);
@@ -46,7 +47,7 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
       size_t(std::max(cuda::oproj_router_tiles(d.H), d.tp_size > 1 ? cuda::kPeerMaxCtas : 0)) * 4,
       cuda::attention_decode_mma_scratch_words(std::max(cuda::kDecodeMaxTokens, p.S), d.Hkv) * 8, S * 4,
       dense_scratch_elems(d) * 2, d.tp_size > 1 ? S * V * 4 : 0,
-      d.tp_size > 1 ? size_t(cuda::kDecodeMaxTokens) * H * 4 : 0};
+      d.tp_size > 1 ? size_t(cuda::kDecodeMaxTokens) * H * 4 : 0, size_t(p.prompt_rows) * V * 4};
   for (size_t b : p.activation_sizes) p.activation_bytes += align256(b);
 
   const std::vector<int> kv_array = c.kv_array_of_layers();
@@ -120,6 +121,7 @@ Activations bind_activations(uint8_t* arena, const MemoryPlan& plan) {
   x.wdq = b16();
   x.logits_tp = f32();
   x.tp_part = f32();
+  x.prompt_logits = f32();
   if (i != plan.activation_sizes.size())
     fail("activation arena: {} buffers bound, {} planned", i, plan.activation_sizes.size());
   return x;

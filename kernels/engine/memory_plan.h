@@ -34,6 +34,7 @@ struct Activations {
   uint16_t* wdq;                         // bf16 scratch of quantized dense weights (dense_scratch_elems)
   float* logits_tp;                      // tensor parallel: every rank's vocabulary slice [ranks][S][slice]
   float* tp_part;                        // tensor parallel, ranks > 0: the decode o-proj's partial rows [8, H], zero
+  float* prompt_logits;                  // a prompt's log-prob rows, MemoryPlan::prompt_rows at a time [rows, V]
 };
 
 // One step's metadata: int32 token arrays, then (8-byte aligned) the sampled rows' keys and filters,
@@ -69,6 +70,10 @@ struct KvCache {
 
 struct MemoryPlan {
   int T = 0, S = 0;          // tokens a step, sampled rows a step
+  // Logit rows a launch of the prompt's log-probs takes (SeqStep::prompt_targets), at most S (the lm_head's
+  // tensor-parallel scratch holds S rows): each launch reads the whole head, so not a few (103 MB at 201k ids).
+  static constexpr int kPromptRows = 128;
+  int prompt_rows = 0;
   int attn_rows = 0;         // rows the decode attention's split-K scratch holds
   int moe_max_tiles = 0;     // grouped-MoE tiles of a T-token step
   int bt_cap = 0;            // block-table entries a step

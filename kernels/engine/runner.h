@@ -43,6 +43,12 @@ struct StepPlan {
   std::vector<int> sample_seq;  // the sequence index of each sampled row
   std::vector<uint8_t> host_pick;  // per sampled row: sampled on the host from the copied logits
   std::vector<SeqRows> layout;  // per sequence
+  // Prompt log-prob rows (SeqStep::prompt_targets): a sequence's rows [row, row + n) of the step, their
+  // targets and results from entry `first` of the runner's prompt buffers on.
+  struct PromptRows {
+    int seq = 0, row = 0, n = 0, top = 0, first = 0;
+  };
+  std::vector<PromptRows> prompt;
 };
 
 // Decode ahead (CudaEngineOptions::decode_ahead): after a graph step whose sequences all expect a next
@@ -165,6 +171,8 @@ class CudaRunner final : public CudaRunnerBase {
   bool full_logits(const StepPlan& pl) const { return opt_.tp.size > 1 && (pl.filters || pl.need_logits); }
   GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl), pl.adjusts()}; }
   void wait_step(const StepPlan& pl);  // until the step's last kernel is done
+  // The prompt log-prob rows among step rows [t0, t0 + m), whose last layer's output is x (+ y_slot).
+  void enqueue_prompt_logprobs(const StepPlan& pl, const float* x, const float* y_slot, int t0, int m);
 
   CudaEngineOptions opt_;
   ModelConfig cfg_;
@@ -198,6 +206,13 @@ class CudaRunner final : public CudaRunnerBase {
   float* host_logits_ = nullptr;
   void* host_res_ = nullptr;  // two result slots of S tokens then S log-probs (parity), mapped
   float* res_dev_ = nullptr;  // host_res_ as the device sees it
+  // Prompt log-probs of a step (at most T rows), mapped: the targets the host writes, the results
+  // (cuda::kTokenLogprobFloats a row) the GPU writes. One set: a step with such rows runs alone (no
+  // step is enqueued ahead of or behind it before it is collected).
+  int32_t* prompt_targets_ = nullptr;
+  float* prompt_res_ = nullptr;
+  int32_t* prompt_targets_dev_ = nullptr;
+  float* prompt_res_dev_ = nullptr;
   // Host sampling (top_logprobs rows): in parallel on a few threads.
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
   std::vector<std::vector<float>> scratch_;

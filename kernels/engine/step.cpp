@@ -16,6 +16,7 @@
 #include "kernels/decode/decode_kernels.h"
 #include "kernels/engine/runner.h"
 #include "kernels/sampling/sample_filtered.h"
+#include "kernels/sampling/token_logprobs.h"
 #include "model/sampler.h"
 
 namespace mx {
@@ -99,6 +100,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   pl.sample_seq.clear();
   pl.host_pick.clear();
   pl.layout.clear();
+  pl.prompt.clear();
+  int nprompt = 0;
   const StepMeta& h = hmeta_[parity];
   int M = 0, S = 0, nbt = 0, n_decode = 0, nmask = 0;
   adjust_.begin(reinterpret_cast<LogitAdjustEntry*>(h.adj + 1), plan_.adj_cap());
@@ -148,6 +151,15 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     }
     for (int j = 0; j < n; ++j)
       if (n == 1 || !opt_.flash_prefill_attention) h.decode_rows[n_decode++] = M + j;
+    if (!q.prompt_targets.empty()) {
+      const int np = int(q.prompt_targets.size());
+      if (q.prompt_row0 < 0 || q.prompt_row0 + np > n || q.prompt_top < 0 || q.prompt_top > cuda::kTokenLogprobMaxTop)
+        fail("sequence {}: prompt log-prob rows [{}, {}) of {} tokens, top {}", q.seq_id, q.prompt_row0,
+             q.prompt_row0 + np, n, q.prompt_top);
+      pl.prompt.push_back({int(i), M + q.prompt_row0, np, q.prompt_top, nprompt});
+      std::memcpy(prompt_targets_ + nprompt, q.prompt_targets.data(), size_t(np) * 4);
+      nprompt += np;
+    }
     pl.layout.push_back({M, n, nbt, bt_sw});
     nbt += need * (sw ? 2 : 1);
     M += n;
@@ -187,6 +199,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   pl.need_logits |= opt_.keep_logits;
   bool identity = S == M;
   for (int s = 0; identity && s < S; ++s) identity = h.srow[s] == s;
+  // A step with prompt log-prob rows runs eager (none is captured), so nothing is enqueued ahead of it.
+  identity = identity && pl.prompt.empty();
   pl.graph = identity && M > 0 && M <= cuda::kDecodeMaxTokens && M < opt_.prefill_min_tokens && opt_.use_graphs &&
              !probe_.profiling;
   pl.wide_graph = identity && M > 0 && n_decode == M && !pl.graph && !decode_path(M) && opt_.use_graphs &&
@@ -294,10 +308,12 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
         int s1 = s;
         while (s1 < S && h.srow[s1] < t0 + m) ++s1;
         forward_->decode(st, t0, m, s, s1 - s, false);
+        enqueue_prompt_logprobs(pl, cuda::decode_step_output(act_.xa, act_.xb, model_.shape.layers), act_.ysl, t0, m);
         s = s1;
       }
     } else {
       forward_->prefill(st, M, S, pl.layout, pl.n_decode);
+      enqueue_prompt_logprobs(pl, act_.xa, nullptr, 0, M);
     }
     MX_CUDA(cudaGetLastError());
     if (pl.filters) {  // outside the decode graphs: steps without filters pay nothing
@@ -316,6 +332,21 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
   enqueued_at_[pl.parity] = StepWait::Clock::now();
   // While the GPU runs the step: launches queued before a capture begins run on, so it costs the GPU nothing.
   if (capture_behind) capture_wide_step(pl, *capture_behind);
+}
+
+// Each prompt row's logits, prompt_rows at a time, reduced to its results in mapped host memory.
+void CudaRunner::enqueue_prompt_logprobs(const StepPlan& pl, const float* x, const float* y_slot, int t0, int m) {
+  for (const StepPlan::PromptRows& q : pl.prompt) {
+    const int lo = std::max(q.row, t0), hi = std::min(q.row + q.n, t0 + m);
+    for (int r = lo; r < hi; r += plan_.prompt_rows) {
+      const int n = std::min(plan_.prompt_rows, hi - r), k = q.first + (r - q.row);
+      forward_->row_logits(x, y_slot, r - t0, n, act_.prompt_logits);
+      cuda::TokenLogprobParams p;
+      p.logits = act_.prompt_logits; p.stride = cfg_.vocab_size; p.V = vocab_limit_; p.rows = n;
+      p.targets = prompt_targets_dev_ + k; p.top = q.top; p.out = prompt_res_dev_ + size_t(k) * cuda::kTokenLogprobFloats;
+      cuda::token_logprobs(p, stream_);
+    }
+  }
 }
 
 // Graph steps are short and run ahead: they spin. Longer steps sleep first, in slices that look at the
@@ -368,6 +399,22 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
     }
   }
   sample_tokens(jobs_, vocab_limit_, sample_pool_, scratch_);
+  for (const StepPlan::PromptRows& q : pl.prompt) {  // (a step with them is never one enqueued ahead)
+    std::vector<TokenLogprob>& v = out[size_t(q.seq)].prompt;
+    v.resize(size_t(q.n));
+    for (int j = 0; j < q.n; ++j) {
+      const float* o = prompt_res_ + size_t(q.first + j) * cuda::kTokenLogprobFloats;
+      TokenLogprob& t = v[size_t(j)];
+      t.token = prompt_targets_[q.first + j];
+      t.logprob = o[0];
+      std::memcpy(&t.rank, o + 1, 4);
+      t.top.resize(size_t(q.top));
+      for (int k = 0; k < q.top; ++k) {
+        std::memcpy(&t.top[size_t(k)].first, o + 2 + 2 * k, 4);
+        t.top[size_t(k)].second = o[3 + 2 * k];
+      }
+    }
+  }
 }
 
 // The step enqueued ahead runs this one: its sequences, less any that have ended, in the same order, each

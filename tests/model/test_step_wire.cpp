@@ -23,6 +23,10 @@ TEST(StepWire, RoundTripKeepsEveryField) {
   in[0].rng_step = 17;
   in[0].expect_next = true;
   in[0].logit_bias = bias0;
+  const std::vector<int32_t> ptgt0{9, 8};  // rows 1 and 2's next prompt tokens
+  in[0].prompt_targets = ptgt0;
+  in[0].prompt_row0 = 1;
+  in[0].prompt_top = 4;
   in[1].seq_id = -2;
   in[1].tokens = t1;
   in[1].start_pos = 123;
@@ -54,6 +58,10 @@ TEST(StepWire, RoundTripKeepsEveryField) {
     EXPECT_EQ(std::vector<int32_t>(a.banned.begin(), a.banned.end()), std::vector<int32_t>(b.banned.begin(), b.banned.end()));
     EXPECT_EQ(std::vector<int32_t>(a.history.begin(), a.history.end()), std::vector<int32_t>(b.history.begin(), b.history.end()));
     EXPECT_EQ(a.prompt_len, b.prompt_len);
+    EXPECT_EQ(std::vector<int32_t>(a.prompt_targets.begin(), a.prompt_targets.end()),
+              std::vector<int32_t>(b.prompt_targets.begin(), b.prompt_targets.end()));
+    EXPECT_EQ(a.prompt_row0, b.prompt_row0);
+    EXPECT_EQ(a.prompt_top, b.prompt_top);
     EXPECT_EQ(std::vector<uint64_t>(a.allowed.begin(), a.allowed.end()), std::vector<uint64_t>(b.allowed.begin(), b.allowed.end()));
     EXPECT_EQ(a.sampling.presence_penalty, b.sampling.presence_penalty);
     EXPECT_EQ(a.sampling.frequency_penalty, b.sampling.frequency_penalty);

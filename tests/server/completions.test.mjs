@@ -291,3 +291,69 @@ test('response_format json_schema: the completion follows the schema', async () 
   assert.equal(err.error.param, 'response_format.json_schema.schema');
   assert.match(err.error.message, /unknown type 'strin'/);
 });
+
+// echo and the prompt's log-probs (lm-eval's loglikelihood requests: echo, logprobs 1, max_tokens 1 on token ids).
+test('echo with logprobs returns the prompt\'s tokens and log-probs before the output (OpenAI\'s legacy shape)', async () => {
+  const prompt = [3100, 3101, 3102, 3103, 3104, 3105, 3106];
+  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 1, temperature: 0, logprobs: 1, echo: true });
+  const c = r.choices[0], lp = c.logprobs;
+  assert.equal(lp.tokens.length, prompt.length + 1);
+  assert.equal(lp.token_logprobs.length, prompt.length + 1);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  for (let i = 1; i < lp.tokens.length; ++i) {
+    assert.ok(lp.token_logprobs[i] <= 0, `${i}`);
+    assert.equal(Object.keys(lp.top_logprobs[i]).length, 1);
+    // The best id is at least as likely as the actual token.
+    assert.ok(Object.values(lp.top_logprobs[i])[0] >= lp.token_logprobs[i] - 1e-6, `${i}`);
+  }
+  const d = (await raw('/detokenize', { body: JSON.stringify({ tokens: prompt }) })).json;
+  assert.equal(lp.tokens.slice(0, prompt.length).join(''), d.prompt);
+  assert.ok(c.text.startsWith(d.prompt));
+  assert.equal(r.usage.prompt_tokens, prompt.length);
+  assert.equal(r.usage.completion_tokens, 1);
+  // The generated token's log-prob, seen again as a prompt token of a longer prompt, is the same value.
+  const next = (await raw('/tokenize', { body: JSON.stringify({ prompt: lp.tokens.at(-1) }) })).json;
+  const longer = await oa.completions.create({
+    model: MODEL, prompt: [...prompt, ...next.tokens], max_tokens: 1, temperature: 0, logprobs: 0, echo: true });
+  if (next.tokens.length === 1) assert.ok(Math.abs(longer.choices[0].logprobs.token_logprobs[prompt.length] - lp.token_logprobs.at(-1)) < 1e-4);
+  // echo alone: the prompt's text before the output, no log-probs.
+  const plain = await oa.completions.create({ model: MODEL, prompt: 'Echo me', max_tokens: 2, temperature: 0, echo: true });
+  assert.ok(plain.choices[0].text.startsWith('Echo me'));
+  assert.equal(plain.choices[0].logprobs, null);
+});
+
+test('prompt_logprobs (vLLM) on completions and chat; streamed echo sends the prompt first', async () => {
+  const prompt = [3200, 3201, 3202, 3203, 3204];
+  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 2, temperature: 0, prompt_logprobs: 2 });
+  const pl = r.choices[0].prompt_logprobs;
+  assert.equal(pl.length, prompt.length);
+  assert.equal(pl[0], null);
+  for (let i = 1; i < prompt.length; ++i) {
+    const own = pl[i][String(prompt[i])];
+    assert.ok(own && own.logprob <= 0 && own.rank >= 1 && typeof own.decoded_token === 'string', `${i}`);
+    assert.ok(Object.keys(pl[i]).length >= 2 && Object.keys(pl[i]).length <= 3, `${i}`);
+    assert.ok(Object.values(pl[i]).some((e) => e.rank === 1));
+  }
+  assert.ok(!r.choices[0].text.startsWith('\u0000'));
+  const chat = await oa.chat.completions.create({ model: MODEL, messages: user('hi'), max_tokens: 2, prompt_logprobs: 0 });
+  const cp = chat.choices[0].prompt_logprobs;
+  assert.equal(cp.length, chat.usage.prompt_tokens);
+  assert.equal(cp[0], null);
+  for (const e of cp.slice(1)) assert.equal(Object.keys(e).length, 1);
+  // Streamed: the first chunk holds the echoed prompt and the prompt log-probs; the text is the same.
+  const whole = await oa.completions.create({ model: MODEL, prompt: 'Stream me', max_tokens: 3, temperature: 0, echo: true });
+  const chunks = [];
+  for await (const c of await oa.completions.create({
+    model: MODEL, prompt: 'Stream me', max_tokens: 3, temperature: 0, echo: true, stream: true, prompt_logprobs: 1, logprobs: 0,
+  })) chunks.push(c);
+  const withChoices = chunks.filter((c) => c.choices.length);
+  assert.ok(withChoices[0].choices[0].text.startsWith('Stream me'));
+  assert.equal(withChoices[0].choices[0].prompt_logprobs[0], null);
+  assert.equal(withChoices[0].choices[0].logprobs.token_logprobs[0], null);
+  assert.equal(withChoices.map((c) => c.choices[0].text).join(''), whole.choices[0].text);
+  // A batch with echo: each choice starts with its own prompt.
+  const b = await oa.completions.create({ model: MODEL, prompt: ['First one', 'Second'], max_tokens: 2, temperature: 0, echo: true });
+  assert.ok(b.choices[0].text.startsWith('First one'));
+  assert.ok(b.choices[1].text.startsWith('Second'));
+});

@@ -50,6 +50,18 @@ class FakeRunner : public ModelRunner {
         kv_[slot(s.block_table, s.start_pos + int(t))] = d;
         if (shape_.sliding_window > 0) kv_[slot(s.sliding_table, s.start_pos + int(t))] = d ^ kSlidingTag;
       }
+      // Prompt log-probs: the target and its position (as -logprob, and rank position + 1).
+      out[i].prompt.clear();
+      for (size_t j = 0; j < s.prompt_targets.size(); ++j) {
+        const int pos = s.start_pos + s.prompt_row0 + int(j);
+        EXPECT_LT(s.prompt_row0 + int(j), int(s.tokens.size()));
+        TokenLogprob t;
+        t.token = s.prompt_targets[j];
+        t.logprob = -float(pos);
+        t.rank = pos + 1;
+        for (int k = 0; k < s.prompt_top; ++k) t.top.emplace_back(k, -float(k));
+        out[i].prompt.push_back(std::move(t));
+      }
       expect_next.push_back(s.expect_next);
       if (s.expect_next && s.tokens.size() == 1) {  // a decode that goes on: is its next position's block there?
         const size_t b = size_t(s.start_pos + 1) / size_t(shape_.block_size);

@@ -305,6 +305,91 @@ TEST(Engine, PreemptionByRecomputeKeepsOutputCorrect) {
   EXPECT_EQ(e.stats().kv_usage, 0.0);
 }
 
+// Prompt log-probs (echo, prompt_logprobs) go out with the first token: one entry a prompt token after the
+// first, each from its position's row, whatever the chunks; never again later.
+std::vector<TokenLogprob> first_prompt_logprobs(Channel& ch, int* events_with) {
+  std::vector<TokenLogprob> got;
+  *events_with = 0;
+  for (auto& ev : ch.pop(std::chrono::milliseconds(0)))
+    if (!ev.prompt_logprobs.empty()) {
+      ++*events_with;
+      got = ev.prompt_logprobs;
+    }
+  return got;
+}
+void expect_prompt_logprobs(const std::vector<TokenLogprob>& got, const std::vector<int32_t>& prompt, int top) {
+  ASSERT_EQ(got.size(), prompt.size() - 1);
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    EXPECT_EQ(got[p].token, prompt[p + 1]) << p;
+    EXPECT_EQ(got[p].logprob, -float(p)) << p;  // the fake's: row p
+    EXPECT_EQ(got[p].rank, int(p) + 1);
+    EXPECT_EQ(int(got[p].top.size()), top);
+  }
+}
+
+TEST(Engine, PromptLogprobsCoverEachPromptTokenOnceAcrossChunks) {
+  FakeRunner r(64);
+  Engine e(r, {.max_num_seqs = 4, .max_num_batched_tokens = 4});
+  auto ch = std::make_shared<Channel>();
+  GenRequest g;
+  g.prompt = {10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  g.max_tokens = 3;
+  g.prompt_logprobs = 2;
+  ASSERT_TRUE(e.submit(g, ch));
+  for (int i = 0; i < 20 && e.step(); ++i) {}
+  int with = 0;
+  expect_prompt_logprobs(first_prompt_logprobs(*ch, &with), g.prompt, 2);
+  EXPECT_EQ(with, 1);
+  // A one-token prompt has none; a bad count is refused.
+  g.prompt = {7};
+  ASSERT_TRUE(e.submit(g, ch));
+  for (int i = 0; i < 20 && e.step(); ++i) {}
+  EXPECT_TRUE(first_prompt_logprobs(*ch, &with).empty());
+  g.prompt_logprobs = kMaxPromptTop + 1;
+  EXPECT_THROW(e.submit(g, ch), Error);
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
+}
+
+TEST(Engine, PromptLogprobsComputeACachedPrefixAgain) {
+  FakeRunner r(64);
+  Engine e(r, {.max_num_seqs = 4, .max_num_batched_tokens = 64});
+  auto ch = std::make_shared<Channel>();
+  GenRequest g;
+  g.prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13};
+  g.max_tokens = 2;
+  ASSERT_TRUE(e.submit(g, ch));
+  for (int i = 0; i < 20 && e.step(); ++i) {}
+  FinishReason fin = FinishReason::kNone;
+  drain(*ch, &fin);
+  g.prompt_logprobs = 0;
+  ASSERT_TRUE(e.submit(g, ch));
+  r.step_tokens.clear();
+  for (int i = 0; i < 20 && e.step(); ++i) {}
+  int with = 0;
+  expect_prompt_logprobs(first_prompt_logprobs(*ch, &with), g.prompt, 0);
+  EXPECT_EQ(r.step_tokens, (std::vector<int>{13, 1}));  // the whole prompt again, not its 12 cached tokens
+  EXPECT_EQ(e.stats().prefix_cache_hits, 0u);
+}
+
+TEST(Engine, PromptLogprobsSurvivePreemptionMidPrompt) {
+  FakeRunner r(5, 4);  // 20 tokens of KV
+  Engine e(r, {.max_num_seqs = 4, .max_num_batched_tokens = 8});
+  std::shared_ptr<Channel> a = std::make_shared<Channel>(), b = std::make_shared<Channel>();
+  GenRequest g;
+  g.prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  g.max_tokens = 6;
+  ASSERT_TRUE(e.submit(g, a));
+  g.prompt = {501, 502, 503, 504, 505, 506, 507, 508, 509, 510, 511, 512};
+  g.prompt_logprobs = 1;
+  ASSERT_TRUE(e.submit(g, b));
+  for (int i = 0; i < 100 && e.step(); ++i) {}
+  EXPECT_GE(e.stats().preemptions, 1u);
+  int with = 0;
+  expect_prompt_logprobs(first_prompt_logprobs(*b, &with), g.prompt, 1);
+  EXPECT_EQ(with, 1);
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
+}
+
 TEST(Engine, AbortFreesBlocksByNextStep) {
   FakeRunner r(64);
   Engine e(r, {});

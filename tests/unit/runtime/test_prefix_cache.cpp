@@ -9,6 +9,7 @@
 
 #include "model/cpu_runner.h"
 #include "model/fixture.h"
+#include "model/sampler.h"
 #include "runtime/block_pool.h"
 #include "runtime/engine.h"
 #include "tests/unit/runtime/fake_runner.h"
@@ -291,6 +292,50 @@ TEST_F(CpuPrefixCache, OutputsIdenticalWithAndWithoutCachingPastTheWindow) {
     EXPECT_EQ(hits, (std::vector<int>{0, 12, 12, 0, 12})) << "temperature " << temp;
     EXPECT_EQ(on.stats().kv_usage, 0.0);
   }
+}
+
+// Prompt log-probs on the real model, chunked by the engine: prompt token p's entry is what the logits
+// after the prompt's first p tokens give it (each prefix run alone, its last row's logits), exactly.
+TEST_F(CpuPrefixCache, PromptLogprobsEqualEachPrefixsLogits) {
+  const auto prompt = seq(4000, 10);
+  auto r = runner();
+  Engine e(*r, {.max_num_batched_tokens = 4});  // chunks 4, 4, 2: the last one samples too
+  auto ch = std::make_shared<Channel>();
+  GenRequest g;
+  g.prompt = prompt;
+  g.max_tokens = 1;
+  g.prompt_logprobs = 3;
+  ASSERT_TRUE(e.submit(g, ch));
+  for (int i = 0; i < 100 && e.step(); ++i) {}
+  std::vector<TokenLogprob> got;
+  for (auto& ev : ch->pop(std::chrono::milliseconds(0)))
+    if (!ev.prompt_logprobs.empty()) got = ev.prompt_logprobs;
+  ASSERT_EQ(got.size(), prompt.size() - 1);
+  auto alone = runner();
+  std::vector<int32_t> blocks(8);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  KvTables t;
+  contiguous_kv_tables(alone->kv_shape(), 0, 8, t);
+  for (size_t p = 1; p < prompt.size(); ++p) {
+    SeqStep q;
+    q.tokens = std::span<const int32_t>(prompt).first(p);
+    q.block_table = t.full;
+    q.sliding_table = t.sliding;
+    q.sample = true;
+    q.sampling.temperature = 0.f;
+    std::vector<SampleResult> out(1);
+    alone->step({&q, 1}, out);
+    const auto logits = alone->last_logits(0);
+    const TokenLogprob want = token_logprob(logits.data(), int(logits.size()), prompt[p], 3);
+    EXPECT_EQ(got[p - 1].token, prompt[p]);
+    EXPECT_EQ(got[p - 1].logprob, want.logprob) << p;
+    EXPECT_EQ(got[p - 1].rank, want.rank) << p;
+    EXPECT_EQ(got[p - 1].top, want.top) << p;
+    EXPECT_GE(got[p - 1].rank, 1);
+    ASSERT_EQ(got[p - 1].top.size(), 3u);
+    EXPECT_LE(got[p - 1].logprob, got[p - 1].top[0].second);
+  }
+  EXPECT_EQ(e.stats().kv_usage, 0.0);
 }
 
 // min_tokens on the real model (the CPU runner masks the banned logits): a stop token that greedy would

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Log-likelihood requests as lm-eval sends them (echo, logprobs 1, max_tokens 1, a token-id prompt)
+against the same prompts without echo: what scoring a prompt's tokens costs through the server.
+Every echo response is checked: one log-prob a prompt token after the first (the first null), finite.
+Usage: echo_load.py --base-url URL [--requests 256] [--concurrency 32] [--prompt-tokens 1024]
+       [--modes plain,echo,prompt5] [--vocab 200000]"""
+import argparse, json, math, random, threading, time, urllib.request
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def body_of(mode, prompt):
+    b = {"prompt": prompt, "max_tokens": 1, "temperature": 0}
+    if mode == "echo":
+        b.update(echo=True, logprobs=1)
+    elif mode.startswith("prompt"):
+        b["prompt_logprobs"] = int(mode[len("prompt"):])
+    return b
+
+
+def check(mode, prompt, r):
+    c = r["choices"][0]
+    if mode == "echo":
+        lp = c["logprobs"]["token_logprobs"]
+        assert len(lp) == len(prompt) + 1 and lp[0] is None, len(lp)
+        assert all(x is not None and math.isfinite(x) and x <= 0 for x in lp[1:]), "a bad log-prob"
+    elif mode.startswith("prompt"):
+        pl = c["prompt_logprobs"]
+        assert len(pl) == len(prompt) and pl[0] is None
+        assert all(str(t) in e for t, e in zip(prompt[1:], pl[1:])), "a prompt token missing"
+
+
+def run(args, mode, prompts):
+    url = args.base_url + "/v1/completions"
+    lat, errors, lock, it = [], [], threading.Lock(), iter(range(len(prompts)))
+
+    def worker():
+        while True:
+            with lock:
+                i = next(it, None)
+            if i is None:
+                return
+            t0 = time.time()
+            try:
+                check(mode, prompts[i], post(url, body_of(mode, prompts[i])))
+                with lock:
+                    lat.append(time.time() - t0)
+            except Exception as e:  # noqa: BLE001 (reported, counted)
+                with lock:
+                    errors.append(repr(e)[:200])
+
+    t0 = time.time()
+    ts = [threading.Thread(target=worker) for _ in range(args.concurrency)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.time() - t0
+    lat.sort()
+    n = len(lat)
+    print(f"{mode:>8}: {n} requests in {wall:.2f} s = {n / wall:.2f} req/s, {n * args.prompt_tokens / wall:,.0f} prompt "
+          f"tok/s; latency p50 {lat[n // 2] * 1e3:.0f} ms, p99 {lat[min(n - 1, n * 99 // 100)] * 1e3:.0f} ms; "
+          f"{len(errors)} errors{': ' + errors[0] if errors else ''}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--modes", default="plain,echo,prompt5")
+    ap.add_argument("--vocab", type=int, default=200000)
+    args = ap.parse_args()
+    for k, mode in enumerate(args.modes.split(",")):
+        rng = random.Random(k)  # unique prompts each mode: no prefix-cache hits between them
+        prompts = [[rng.randrange(args.vocab) for _ in range(args.prompt_tokens)] for _ in range(args.requests)]
+        run(args, mode, prompts)
+
+
+if __name__ == "__main__":
+    main()
