@@ -110,6 +110,8 @@ void CudaRunner::allocate() {
   MX_CUDA(cudaHostAlloc(&prompt_targets_, size_t(p.T) * 4, cudaHostAllocMapped));
   MX_CUDA(cudaHostAlloc(&prompt_res_, size_t(p.T) * cuda::kTokenLogprobFloats * 4, cudaHostAllocMapped));
   MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_targets_dev_), prompt_targets_, 0));
+  MX_CUDA(cudaHostAlloc(&prompt_rows_, size_t(p.T) * 4, cudaHostAllocMapped));
+  MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_rows_dev_), prompt_rows_, 0));
   MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_res_dev_), prompt_res_, 0));
 }
 
@@ -129,6 +131,7 @@ CudaRunner::~CudaRunner() {
   cudaFree(kv_arena_);
   cudaFreeHost(hmeta_block_);
   cudaFreeHost(prompt_targets_);
+  cudaFreeHost(prompt_rows_);
   cudaFreeHost(prompt_res_);
   cudaFreeHost(host_logits_);
   cudaFreeHost(host_res_);

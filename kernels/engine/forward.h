@@ -65,9 +65,9 @@ class Forward {
     bool operator==(const DecodeRowSplits&) const = default;
   };
   DecodeRowSplits decode_row_splits(const StepView& st, const std::vector<SeqRows>& seqs, int n_decode) const;
-  // Logits [n, V] into `logits` of rows row0.. of the last layer's output x (+ y_slot, the decode path's
+  // Logits [n, V] into `logits` of rows rows[0, n) of the last layer's output x (+ y_slot, the decode path's
   // last experts, [rows, top_k, H]): a prompt's own log-probs (echo, prompt_logprobs). n <= the plan's S.
-  void row_logits(const float* x, const float* y_slot, int row0, int n, float* logits);
+  void row_logits(const float* x, const float* y_slot, const int32_t* rows, int n, float* logits);
 
  private:
   // The decode path's layer, op by op: `x` is the residual the layer reads (plus `y`, the previous

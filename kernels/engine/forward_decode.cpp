@@ -284,10 +284,9 @@ void Forward::decode_persistent(const StepView& st, int t0, int M, bool one_toke
   cuda::decode_step(p, stream_);
 }
 
-void Forward::row_logits(const float* x, const float* y_slot, int row0, int n, float* logits) {
-  const size_t H = size_t(shape_.H);
-  cuda::final_rmsnorm_bf16({x + size_t(row0) * H, y_slot ? y_slot + size_t(row0) * shape_.top_k * H : nullptr, nullptr},
-                           nullptr, model_.final_norm, model_.cfg.rms_norm_eps, act_.xs, n, int(H), stream_);
+void Forward::row_logits(const float* x, const float* y_slot, const int32_t* rows, int n, float* logits) {
+  cuda::final_rmsnorm_bf16({x, y_slot, nullptr}, rows, model_.final_norm, model_.cfg.rms_norm_eps, act_.xs, n, shape_.H,
+                           stream_);
   lm_head(logits, 0, n, true);
 }
 

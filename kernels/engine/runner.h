@@ -210,8 +210,9 @@ class CudaRunner final : public CudaRunnerBase {
   // (cuda::kTokenLogprobFloats a row) the GPU writes. One set: a step with such rows runs alone (no
   // step is enqueued ahead of or behind it before it is collected).
   int32_t* prompt_targets_ = nullptr;
+  int32_t* prompt_rows_ = nullptr;  // each one's row in the rows its forward leaves
   float* prompt_res_ = nullptr;
-  int32_t* prompt_targets_dev_ = nullptr;
+  int32_t *prompt_targets_dev_ = nullptr, *prompt_rows_dev_ = nullptr;
   float* prompt_res_dev_ = nullptr;
   // Host sampling (top_logprobs rows): in parallel on a few threads.
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};

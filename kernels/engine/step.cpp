@@ -189,6 +189,9 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
       pl.sample_seq.push_back(int(i));
     }
   }
+  // Each prompt row's index in the rows its forward leaves: the step's, or its 8-token chunk's (decode path).
+  for (const StepPlan::PromptRows& q : pl.prompt)
+    for (int j = 0; j < q.n; ++j) prompt_rows_[q.first + j] = decode_path(M) ? (q.row + j) % cuda::kDecodeMaxTokens : q.row + j;
   const int nadj = adjust_.finish();
   pl.M = M; pl.S = S; pl.nbt = nbt; pl.n_decode = n_decode; pl.nadj = nadj; pl.nmask = nmask;
   h.adj[0] = nadj;
@@ -334,18 +337,25 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
   if (capture_behind) capture_wide_step(pl, *capture_behind);
 }
 
-// Each prompt row's logits, prompt_rows at a time, reduced to its results in mapped host memory.
+// The prompt rows of step rows [t0, t0 + m) (consecutive entries: they are numbered in row order), across
+// sequences, prompt_rows at a time: each launch reads the whole lm_head, so short prompts share them. A launch
+// finds the most alternatives any of its rows asks for (collect_step keeps each row's own).
 void CudaRunner::enqueue_prompt_logprobs(const StepPlan& pl, const float* x, const float* y_slot, int t0, int m) {
+  int k0 = -1, k1 = -1, top = 0;
   for (const StepPlan::PromptRows& q : pl.prompt) {
     const int lo = std::max(q.row, t0), hi = std::min(q.row + q.n, t0 + m);
-    for (int r = lo; r < hi; r += plan_.prompt_rows) {
-      const int n = std::min(plan_.prompt_rows, hi - r), k = q.first + (r - q.row);
-      forward_->row_logits(x, y_slot, r - t0, n, act_.prompt_logits);
-      cuda::TokenLogprobParams p;
-      p.logits = act_.prompt_logits; p.stride = cfg_.vocab_size; p.V = vocab_limit_; p.rows = n;
-      p.targets = prompt_targets_dev_ + k; p.top = q.top; p.out = prompt_res_dev_ + size_t(k) * cuda::kTokenLogprobFloats;
-      cuda::token_logprobs(p, stream_);
-    }
+    if (lo >= hi) continue;
+    if (k0 < 0) k0 = q.first + (lo - q.row);
+    k1 = q.first + (hi - q.row);
+    top = std::max(top, q.top);
+  }
+  for (int k = k0; k >= 0 && k < k1; k += plan_.prompt_rows) {
+    const int n = std::min(plan_.prompt_rows, k1 - k);
+    forward_->row_logits(x, y_slot, prompt_rows_dev_ + k, n, act_.prompt_logits);
+    cuda::TokenLogprobParams p;
+    p.logits = act_.prompt_logits; p.stride = cfg_.vocab_size; p.V = vocab_limit_; p.rows = n;
+    p.targets = prompt_targets_dev_ + k; p.top = top; p.out = prompt_res_dev_ + size_t(k) * cuda::kTokenLogprobFloats;
+    cuda::token_logprobs(p, stream_);
   }
 }
 
