@@ -165,7 +165,7 @@ void Server::Impl::handle_generate(const httplib::Request& req, httplib::Respons
         }
         bool fin = !c.finish.empty();
         // The choice's first chunk after its first token holds the echoed prompt and its log-probs.
-        const bool head = !c.head_sent && c.completion_tokens > 0 && (p.echo || p.prompt_logprobs >= 0);
+        const bool head = !c.head_sent && c.started && (p.echo || p.prompt_logprobs >= 0);
         if (d.empty() && !fin && !head) return true;
         c.head_sent |= head;
         json ch = {{"index", c.index}, {"finish_reason", fin ? json(c.finish) : json(nullptr)}};

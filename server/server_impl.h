@@ -60,6 +60,7 @@ struct ChoiceState {
   std::vector<int32_t> prompt;
   std::vector<TokenLogprob> prompt_lp;
   bool head_sent = false;
+  bool started = false;                 // its first token has come
 };
 
 // Structured output as the engine asks for it (one a choice): harmony/output_constraint.h.
@@ -200,7 +201,7 @@ struct Server::Impl {
               std::vector<std::unique_ptr<ChoiceState>>& out, httplib::Response& res,
               const std::vector<int32_t>& forced = {}, std::shared_ptr<const harmony::ToolSchemas> tools = nullptr,
               int index0 = 0) {
-    const int max_tokens = p.max_tokens < 0 ? e.max_model_len() - int(prompt.size()) : p.max_tokens;
+    const int max_tokens = p.max_tokens < 0 ? e.max_model_len() - int(prompt.size()) : std::max(p.max_tokens, 1);
     auto deadline = clock_t_::now() + std::chrono::milliseconds(int64_t(opt.request_timeout_s * 1000));
     for (int i = 0; i < p.n; ++i) {
       auto c = std::make_unique<ChoiceState>();
@@ -324,6 +325,12 @@ struct Server::Impl {
     std::string content_delta, reasoning_delta;
     bool finishing = ev.finish != runtime::FinishReason::kNone;
     if (!ev.prompt_logprobs.empty()) c.prompt_lp = ev.prompt_logprobs;
+    if (ev.token >= 0) c.started = true;
+    if (ev.token >= 0 && p.score_only()) {  // the one token sampled is not part of the answer
+      c.cached_tokens = ev.cached_tokens;
+      if (c.finish.empty()) c.finish = "length";
+      return delta;
+    }
     if (ev.token >= 0) {
       ++c.completion_tokens;
       maybe_fault(c.completion_tokens);

@@ -147,7 +147,8 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
   CommonParams p;
   if (present(body, "model") && !body["model"].is_string()) bad("model", "'model' must be a string");
   const char* mt = chat && present(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  if (present(body, mt)) p.max_tokens = int(integer(body, mt, 1, 1 << 30));
+  // 0 only with completions' echo: the prompt scored, nothing generated (checked once echo is read).
+  if (present(body, mt)) p.max_tokens = int(integer(body, mt, chat ? 1 : 0, 1 << 30));
   if (present(body, "temperature")) p.sampling.temperature = float(num(body, "temperature", 0, 2));
   if (p.sampling.temperature > 0 && p.sampling.temperature < 0.01f) p.sampling.temperature = 0.01f;  // avoid inf/NaN
   if (present(body, "top_p")) p.sampling.top_p = float(num(body, "top_p", 0, 1, /*lo_open=*/true));
@@ -245,6 +246,8 @@ CommonParams parse_common(const json& body, bool chat, const Limits& lim) {
     if (!body["echo"].is_boolean()) bad("echo", "'echo' must be a boolean");
     p.echo = body["echo"].get<bool>();
   }
+  if (p.max_tokens == 0 && !p.echo)
+    bad(mt, fmt::format("'{}' must be at least 1 (0 only with 'echo': the prompt scored, nothing generated)", mt));
   if (present(body, "prompt_logprobs"))  // (vLLM's -1, the whole vocabulary, is not offered)
     p.prompt_logprobs = int(integer(body, "prompt_logprobs", 0, lim.max_top_logprobs));
   // A suffix would change the text a client reads back: refused, not ignored.

@@ -357,3 +357,26 @@ test('prompt_logprobs (vLLM) on completions and chat; streamed echo sends the pr
   assert.ok(b.choices[0].text.startsWith('First one'));
   assert.ok(b.choices[1].text.startsWith('Second'));
 });
+
+test('echo with max_tokens 0 scores the prompt and generates nothing (OpenAI); max_tokens 0 alone is a 400', async () => {
+  const prompt = [3300, 3301, 3302, 3303];
+  const r = await oa.completions.create({ model: MODEL, prompt, max_tokens: 0, echo: true, logprobs: 1 });
+  const c = r.choices[0];
+  const d = (await raw('/detokenize', { body: JSON.stringify({ tokens: prompt }) })).json;
+  assert.equal(c.text, d.prompt);
+  assert.equal(c.finish_reason, 'length');
+  assert.equal(c.logprobs.tokens.length, prompt.length);
+  assert.equal(c.logprobs.token_logprobs[0], null);
+  for (const x of c.logprobs.token_logprobs.slice(1)) assert.ok(x <= 0);
+  assert.equal(r.usage.completion_tokens, 0);
+  assert.equal(r.usage.prompt_tokens, prompt.length);
+  // The same scores as with one token generated.
+  const one = await oa.completions.create({ model: MODEL, prompt, max_tokens: 1, temperature: 0, echo: true, logprobs: 1 });
+  assert.deepEqual(one.choices[0].logprobs.token_logprobs.slice(0, prompt.length), c.logprobs.token_logprobs);
+  const chunks = [];
+  for await (const ch of await oa.completions.create({ model: MODEL, prompt, max_tokens: 0, echo: true, stream: true })) chunks.push(ch);
+  assert.equal(chunks.filter((ch) => ch.choices.length).map((ch) => ch.choices[0].text).join(''), d.prompt);
+  const err = await oa.completions.create({ model: MODEL, prompt, max_tokens: 0 }).catch((e) => e);
+  assert.equal(err.status, 400);
+  assert.equal(err.param, 'max_tokens');
+});
