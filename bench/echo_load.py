@@ -3,7 +3,7 @@
 against the same prompts without echo: what scoring a prompt's tokens costs through the server.
 Every echo response is checked: one log-prob a prompt token after the first (the first null), finite.
 Usage: echo_load.py --base-url URL [--requests 256] [--concurrency 32] [--prompt-tokens 1024]
-       [--modes plain,echo,prompt5] [--vocab 200000]"""
+       [--modes plain,echo,score,prompt5] [--vocab 200000]"""
 import argparse, json, math, random, threading, time, urllib.request
 
 
@@ -17,6 +17,8 @@ def body_of(mode, prompt):
     b = {"prompt": prompt, "max_tokens": 1, "temperature": 0}
     if mode == "echo":
         b.update(echo=True, logprobs=1)
+    elif mode == "score":  # OpenAI's scoring request: the prompt's log-probs, nothing generated
+        b.update(echo=True, logprobs=1, max_tokens=0)
     elif mode.startswith("prompt"):
         b["prompt_logprobs"] = int(mode[len("prompt"):])
     return b
@@ -24,9 +26,9 @@ def body_of(mode, prompt):
 
 def check(mode, prompt, r):
     c = r["choices"][0]
-    if mode == "echo":
+    if mode in ("echo", "score"):
         lp = c["logprobs"]["token_logprobs"]
-        assert len(lp) == len(prompt) + 1 and lp[0] is None, len(lp)
+        assert len(lp) == len(prompt) + (mode == "echo") and lp[0] is None, len(lp)
         assert all(x is not None and math.isfinite(x) and x <= 0 for x in lp[1:]), "a bad log-prob"
     elif mode.startswith("prompt"):
         pl = c["prompt_logprobs"]
@@ -34,7 +36,7 @@ def check(mode, prompt, r):
         assert all(str(t) in e for t, e in zip(prompt[1:], pl[1:])), "a prompt token missing"
 
 
-def run(args, mode, prompts):
+def run(args, mode, prompts, quiet=False):
     url = args.base_url + "/v1/completions"
     lat, errors, lock, it = [], [], threading.Lock(), iter(range(len(prompts)))
 
@@ -62,6 +64,11 @@ def run(args, mode, prompts):
     wall = time.time() - t0
     lat.sort()
     n = len(lat)
+    if quiet:
+        return
+    if n == 0:
+        print(f"{mode:>8}: no request succeeded; {len(errors)} errors{': ' + errors[0] if errors else ''}", flush=True)
+        return
     print(f"{mode:>8}: {n} requests in {wall:.2f} s = {n / wall:.2f} req/s, {n * args.prompt_tokens / wall:,.0f} prompt "
           f"tok/s; latency p50 {lat[n // 2] * 1e3:.0f} ms, p99 {lat[min(n - 1, n * 99 // 100)] * 1e3:.0f} ms; "
           f"{len(errors)} errors{': ' + errors[0] if errors else ''}", flush=True)
@@ -75,7 +82,11 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--modes", default="plain,echo,prompt5")
     ap.add_argument("--vocab", type=int, default=200000)
+    ap.add_argument("--warmup", type=int, default=256, help="untimed requests of every mode first (graphs, allocations)")
     args = ap.parse_args()
+    rng = random.Random(99)
+    for mode in args.modes.split(","):
+        run(args, mode, [[rng.randrange(args.vocab) for _ in range(args.prompt_tokens)] for _ in range(args.warmup)], True)
     for k, mode in enumerate(args.modes.split(",")):
         rng = random.Random(k)  # unique prompts each mode: no prefix-cache hits between them
         prompts = [[rng.randrange(args.vocab) for _ in range(args.prompt_tokens)] for _ in range(args.requests)]
