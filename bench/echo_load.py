@@ -36,6 +36,18 @@ def check(mode, prompt, r):
         assert all(str(t) in e for t, e in zip(prompt[1:], pl[1:])), "a prompt token missing"
 
 
+def busy_seconds(base):
+    """The server's mxserve:device_busy_seconds_total (0 where it has none)."""
+    try:
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("mxserve:device_busy_seconds_total"):
+                    return float(line.split()[-1])
+    except Exception:  # noqa: BLE001 (no metrics: no busy share)
+        pass
+    return 0.0
+
+
 def run(args, mode, prompts, quiet=False):
     url = args.base_url + "/v1/completions"
     lat, errors, lock, it = [], [], threading.Lock(), iter(range(len(prompts)))
@@ -55,13 +67,14 @@ def run(args, mode, prompts, quiet=False):
                 with lock:
                     errors.append(repr(e)[:200])
 
-    t0 = time.time()
+    busy0, t0 = busy_seconds(args.base_url), time.time()
     ts = [threading.Thread(target=worker) for _ in range(args.concurrency)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     wall = time.time() - t0
+    busy = (busy_seconds(args.base_url) - busy0) / wall
     lat.sort()
     n = len(lat)
     if quiet:
@@ -71,7 +84,7 @@ def run(args, mode, prompts, quiet=False):
         return
     print(f"{mode:>8}: {n} requests in {wall:.2f} s = {n / wall:.2f} req/s, {n * args.prompt_tokens / wall:,.0f} prompt "
           f"tok/s; latency p50 {lat[n // 2] * 1e3:.0f} ms, p99 {lat[min(n - 1, n * 99 // 100)] * 1e3:.0f} ms; "
-          f"{len(errors)} errors{': ' + errors[0] if errors else ''}", flush=True)
+          f"GPU busy {busy:.1%}; {len(errors)} errors{': ' + errors[0] if errors else ''}", flush=True)
 
 
 def main():

@@ -111,6 +111,10 @@ void CudaRunner::allocate() {
   MX_CUDA(cudaHostAlloc(&prompt_res_, size_t(p.T) * cuda::kTokenLogprobFloats * 4, cudaHostAllocMapped));
   MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_targets_dev_), prompt_targets_, 0));
   MX_CUDA(cudaHostAlloc(&prompt_rows_, size_t(p.T) * 4, cudaHostAllocMapped));
+  MX_CUDA(cudaHostAlloc(&top_rows_, size_t(p.S) * 4, cudaHostAllocMapped));
+  MX_CUDA(cudaHostAlloc(&top_res_, size_t(p.S) * cuda::kTokenLogprobFloats * 4, cudaHostAllocMapped));
+  MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&top_rows_dev_), top_rows_, 0));
+  MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&top_res_dev_), top_res_, 0));
   MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_rows_dev_), prompt_rows_, 0));
   MX_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&prompt_res_dev_), prompt_res_, 0));
 }
@@ -132,6 +136,8 @@ CudaRunner::~CudaRunner() {
   cudaFreeHost(hmeta_block_);
   cudaFreeHost(prompt_targets_);
   cudaFreeHost(prompt_rows_);
+  cudaFreeHost(top_rows_);
+  cudaFreeHost(top_res_);
   cudaFreeHost(prompt_res_);
   cudaFreeHost(host_logits_);
   cudaFreeHost(host_res_);

@@ -49,6 +49,8 @@ struct StepPlan {
     int seq = 0, row = 0, n = 0, top = 0, first = 0;
   };
   std::vector<PromptRows> prompt;
+  // Sampled rows picked on the GPU that report alternatives (top_logprobs): (sampled row, how many).
+  std::vector<std::pair<int, int>> tops;
 };
 
 // Decode ahead (CudaEngineOptions::decode_ahead): after a graph step whose sequences all expect a next
@@ -168,7 +170,9 @@ class CudaRunner final : public CudaRunnerBase {
   // Steps of fewer tokens (or heads other than 64 wide) run the decode forward in chunks of 8.
   bool decode_path(int M) const { return M < opt_.prefill_min_tokens || cfg_.head_dim != 64; }
   // Tensor parallel: the step gathers the whole logits (filters or host reads), not the picks' partials.
-  bool full_logits(const StepPlan& pl) const { return opt_.tp.size > 1 && (pl.filters || pl.need_logits); }
+  bool full_logits(const StepPlan& pl) const {
+    return opt_.tp.size > 1 && (pl.filters || pl.need_logits || !pl.tops.empty());
+  }
   GraphKey graph_key(const StepPlan& pl) const { return {pl.M, pl.attn_long, pl.parity, full_logits(pl), pl.adjusts()}; }
   void wait_step(const StepPlan& pl);  // until the step's last kernel is done
   // The prompt log-prob rows among step rows [t0, t0 + m), whose last layer's output is x (+ y_slot).
@@ -214,7 +218,11 @@ class CudaRunner final : public CudaRunnerBase {
   float* prompt_res_ = nullptr;
   int32_t *prompt_targets_dev_ = nullptr, *prompt_rows_dev_ = nullptr;
   float* prompt_res_dev_ = nullptr;
-  // Host sampling (top_logprobs rows): in parallel on a few threads.
+  // The same for the sampled rows in StepPlan::tops (at most S): their rows, their results. One set: a step
+  // with them has nothing enqueued ahead of it.
+  int32_t *top_rows_ = nullptr, *top_rows_dev_ = nullptr;
+  float *top_res_ = nullptr, *top_res_dev_ = nullptr;
+  // Host sampling (rows past the GPU's adjustment list or mask slots): in parallel on a few threads.
   ThreadPool sample_pool_{std::min(8, int(std::max(1u, std::thread::hardware_concurrency())))};
   std::vector<std::vector<float>> scratch_;
   std::vector<int32_t> penalty_scratch_;  // adjust_row_logits' sort buffer

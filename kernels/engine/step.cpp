@@ -24,9 +24,9 @@ namespace {
 
 // Sampling runs on the GPU: plain temperature in the greedy-pick kernel, top-k / top-p / min-p after
 // it (kernels/sampling/sample_filtered.h), logit biases, bans (min_tokens) and penalties applied before
-// both (model/logit_adjust.h). Requests for alternatives (top_logprobs) and rows whose adjustments do not
-// fit the step's list sample on the host from the copied logits; the rest of the greedy rows take the
-// greedy-pick kernel's pick. Constrained rows (structured output's allowed ids) are masked after the
+// both (model/logit_adjust.h); a row that asks for alternatives (top_logprobs) has them found after the
+// pick (kernels/sampling/token_logprobs.h). Rows whose adjustments do not fit the step's list sample on the
+// host from the copied logits; the rest of the greedy rows take the greedy-pick kernel's pick. Constrained rows (structured output's allowed ids) are masked after the
 // adjustments (StepMeta::mask), up to MemoryPlan::kMaskRows a step; the rest sample on the host.
 static_assert(sizeof(LogitAdjustEntry) == 4 * cuda::kAdjustWords, "StepMeta::adj holds LogitAdjustEntry words");
 
@@ -101,6 +101,7 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
   pl.host_pick.clear();
   pl.layout.clear();
   pl.prompt.clear();
+  pl.tops.clear();
   int nprompt = 0;
   const StepMeta& h = hmeta_[parity];
   int M = 0, S = 0, nbt = 0, n_decode = 0, nmask = 0;
@@ -164,8 +165,8 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
     nbt += need * (sw ? 2 : 1);
     M += n;
     if (q.sample) {
-      bool host = q.sampling.top_logprobs > 0;
-      if (!host && !q.allowed.empty()) {
+      bool host = false;
+      if (!q.allowed.empty()) {
         // Masked on the GPU after the adjustments; with bans (which could leave no allowed id: the host
         // then leaves the row unmasked) or past the slots, on the host.
         host = !q.banned.empty() || nmask == plan_.mask_slots();
@@ -175,6 +176,12 @@ StepPlan& CudaRunner::plan_step(std::span<const SeqStep> seqs, int parity, bool 
         host = !adjust_.add(S, q);
       pl.host_pick.push_back(host);
       pl.need_logits |= host;
+      if (!host && q.sampling.top_logprobs > 0) {
+        if (q.sampling.top_logprobs > cuda::kTokenLogprobMaxTop)
+          fail("sequence {}: top_logprobs {} is more than {}", q.seq_id, q.sampling.top_logprobs, cuda::kTokenLogprobMaxTop);
+        top_rows_[pl.tops.size()] = S;
+        pl.tops.push_back({S, q.sampling.top_logprobs});
+      }
       const bool gpu_samples = !host && q.sampling.temperature > 0.f;
       h.srow[S] = M - 1;
       h.srow_local[S] = (M - 1) % cuda::kDecodeMaxTokens;
@@ -326,6 +333,13 @@ void CudaRunner::enqueue_step(const StepPlan& pl) {
       f.min_p = d.min_p; f.tok = reinterpret_cast<int32_t*>(st.results); f.logprob = st.results + S;
       cuda::sample_filtered(f, stream_);
     }
+    if (!pl.tops.empty()) {  // the alternatives of the rows that ask for them, after the pick
+      cuda::TokenLogprobParams p;
+      p.logits = act_.logits; p.stride = cfg_.vocab_size; p.V = vocab_limit_; p.rows = int(pl.tops.size());
+      p.targets = reinterpret_cast<const int32_t*>(st.results); p.row_index = top_rows_dev_; p.out = top_res_dev_;
+      for (const auto& [row, top] : pl.tops) p.top = std::max(p.top, top);
+      cuda::token_logprobs(p, stream_);
+    }
     if (S > 0 && pl.need_logits)
       MX_CUDA(cudaMemcpyAsync(host_logits_, act_.logits, size_t(S) * cfg_.vocab_size * 4, cudaMemcpyDeviceToHost,
                               stream_));
@@ -397,8 +411,8 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
     const SeqStep& q = seqs[size_t(i)];
     SampleResult& r = out[size_t(i)];
     if (pl.host_pick[size_t(s)]) {
-      // top_logprobs, penalties and adjustments past the step's list sample on the host from the copied
-      // logits (0.8 MB a row); the GPU adjusted none of a host row's logits.
+      // Penalties and adjustments past the step's list, constrained rows past the mask slots, sample on the
+      // host from the copied logits (0.8 MB a row); the GPU adjusted none of a host row's logits.
       float* row = host_logits_ + size_t(s) * cfg_.vocab_size;
       adjust_row_logits(row, cfg_.vocab_size, q, penalty_scratch_);
       jobs_.push_back({row, &q.sampling, q.rng_step, &r});
@@ -409,6 +423,17 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
     }
   }
   sample_tokens(jobs_, vocab_limit_, sample_pool_, scratch_);
+  for (size_t j = 0; j < pl.tops.size(); ++j) {  // (a step with them is never one enqueued ahead)
+    const auto [row, top] = pl.tops[j];
+    SampleResult& r = out[size_t(pl.sample_seq[size_t(row)])];
+    const float* o = top_res_ + j * cuda::kTokenLogprobFloats;
+    r.logprob = o[0];  // (the same pass as the alternatives': a pick that is the best id reads the same value)
+    r.top.resize(size_t(top));
+    for (int k = 0; k < top; ++k) {
+      std::memcpy(&r.top[size_t(k)].first, o + 2 + 2 * k, 4);
+      r.top[size_t(k)].second = o[3 + 2 * k];
+    }
+  }
   for (const StepPlan::PromptRows& q : pl.prompt) {  // (a step with them is never one enqueued ahead)
     std::vector<TokenLogprob>& v = out[size_t(q.seq)].prompt;
     v.resize(size_t(q.n));
@@ -468,7 +493,9 @@ bool CudaRunner::ahead_rows(std::span<const SeqStep> seqs) {
 // the rows that expect a next token (a row at its last leaves now), each with its next position's blocks
 // already in its tables and nothing that this step's pick changes (penalties, a mask).
 void CudaRunner::launch_ahead(std::span<const SeqStep> seqs, const StepPlan& pl) {
-  if (!opt_.decode_ahead || !(pl.graph || pl.wide_graph) || pl.filters || pl.need_logits || probe_.active()) return;
+  if (!opt_.decode_ahead || !(pl.graph || pl.wide_graph) || pl.filters || pl.need_logits || !pl.tops.empty() ||
+      probe_.active())
+    return;
   const int bs = opt_.block_size;
   ahead_.from.clear();
   for (size_t i = 0; i < seqs.size(); ++i) {

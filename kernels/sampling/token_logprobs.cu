@@ -35,8 +35,9 @@ __device__ __forceinline__ void best_of_block(float& v, int& id, float* sv, int*
 __global__ void __launch_bounds__(kThreads) token_logprobs_k(TokenLogprobParams p) {
   __shared__ float sv[kWarps], sm[kWarps], ss[kWarps];
   __shared__ int sid[kWarps], sc[kWarps];
-  const float* row = p.logits + size_t(blockIdx.x) * p.stride;
-  const int target = p.targets[blockIdx.x];
+  const int src = p.row_index ? p.row_index[blockIdx.x] : int(blockIdx.x);
+  const float* row = p.logits + size_t(src) * p.stride;
+  const int target = p.targets[src];
   const float t = target >= 0 && target < p.V ? row[target] : -INFINITY;
   float m = -INFINITY, sum = 0.f;
   int above = 0;

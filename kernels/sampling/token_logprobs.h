@@ -1,5 +1,6 @@
 // The log-probs of known tokens on the GPU: a prompt's own (completions' echo with logprobs, vLLM's
-// prompt_logprobs), from rows of logits, so a prompt's 0.8 MB logit rows never go to the host.
+// prompt_logprobs) and a sampled token's with its alternatives (top_logprobs), from rows of logits, so
+// no 0.8 MB logit row goes to the host for them.
 // Per row: the log-softmax of the target id over ids [0, V), its rank (1 + the ids with a larger
 // logit) and the `top` best ids in the host sampler's order (logit descending, then id ascending).
 // model/sampler.h's token_logprob is the reference.
@@ -20,6 +21,9 @@ struct TokenLogprobParams {
   int V = 0;                        // ids >= V are never counted (the tokenizer's size)
   int rows = 0;
   const int32_t* targets = nullptr; // [rows] (device-readable, mapped host memory too)
+  // Optional: launch row i reads logits row and target index row_index[i] (a subset of the rows, e.g. the
+  // sampled rows that ask for alternatives); its results still go to out row i.
+  const int32_t* row_index = nullptr;
   int top = 0;                      // 0..kTokenLogprobMaxTop
   float* out = nullptr;             // [rows, kTokenLogprobFloats]
 };

@@ -1,5 +1,5 @@
 // The CUDA engine's sampling against the host's: filtered sampling on the GPU, logit adjustments (bans,
-// logit_bias, penalties), host-sampled rows (top_logprobs, adjustments past the step's list) and decode
+// logit_bias, penalties), host-sampled rows (adjustments past the step's list) and decode
 // ahead with them.
 #include <gtest/gtest.h>
 
@@ -374,7 +374,7 @@ TEST(CudaRunner, DecodeAheadDropsARowConstrainedSince) {
 // Penalized rows (presence / frequency / repetition) are adjusted on the GPU before the pick: their copied
 // logits are the raw logits with the penalties applied over the given history (the prompt, then the output
 // fed so far) bit for bit as penalize_tokens does; a greedy row takes their argmax, a temperature row the
-// pick kernel's draw from them, and a penalized row that asks for top_logprobs the host sampler's. A row
+// pick kernel's draw from them, and a penalized greedy row that asks for top_logprobs the same argmax. A row
 // without penalties in the same step keeps its pick. The prefill forward (step 0) and a decode graph (step 1),
 // fed the same tokens in both runs.
 TEST(CudaRunner, PenalizedRowsSampleOnTheGpu) {
@@ -444,7 +444,7 @@ TEST(CudaRunner, PenalizedRowsSampleOnTheGpu) {
 // Constrained rows (SeqStep::allowed, structured output) are masked on the GPU after the adjustments: their
 // copied logits are -inf outside the allowed ids, a greedy row takes the best allowed id of the free row's
 // logits (the same prompt and fed token in every row), a temperature row the pick kernel's draw over the
-// masked row; a constrained row that asks for top_logprobs samples on the host from the same masked row.
+// masked row; a constrained row that asks for top_logprobs picks the same best allowed id.
 // On the prefill forward (step 0) and a decode graph (step 1).
 TEST(CudaRunner, ConstrainedRowsSampleOnTheGpu) {
   const MiniRows m(4);

@@ -43,7 +43,7 @@ struct Case {
 
 // Sequence s runs its prompt in chunks of c.chunk (each chunk's rows report prompt log-probs, all but the
 // last prompt row: its next token is the output's), then one sampled token; odd sequences ask for no
-// prompt log-probs, and sequence 1 samples on the host (top_logprobs) so its logits are copied out.
+// prompt log-probs, and sequence 1 asks for top_logprobs (found on the GPU after the pick).
 void expect_prompt_logprobs_match(const Case& c) {
   const std::string dir = mx::test::e2e_fixture(c.preset);
   mx::ModelConfig cfg = mx::load_model_config(dir);
@@ -179,6 +179,72 @@ TEST(PromptLogprobs, MiniTwoGpusMatchCpuReference) {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2 || !mx::cuda::nccl_available(&why))
     GTEST_SKIP() << "needs two GPUs and libnccl.so.2";
   expect_prompt_logprobs_match({"mini", 3, 30, 24, 5, 0, 2});
+}
+
+}  // namespace
+
+namespace {
+
+// top_logprobs on the GPU: after the pick, a row that asks for alternatives has them found from its logits
+// (token_logprobs over the sampled rows that ask): greedy and temperature rows, one with top-k, one without
+// alternatives, on the prefill path (step 0) and wide steps of single-token rows (steps 1-2). Against the host's token_logprob
+// over the same row's kept logits: ids exact, log-probs within 2e-5; the pick's own log-prob is the row's.
+TEST(CudaRunner, TopLogprobsOnTheGpu) {
+  const std::string dir = mx::test::e2e_fixture("mini");
+  const mx::ModelConfig cfg = mx::load_model_config(dir);
+  const int nseq = 4, P = 6, bs = 4, N = 12, nblk = N / bs, V = cfg.vocab_size;
+  mx::CudaEngineOptions opt = mx::test::small_options(dir, nseq, N, bs, 64, 2 * nblk * nseq + 2);
+  opt.keep_logits = true;
+  auto gpu = mx::make_cuda_runner(opt);
+  std::vector<int32_t> prompt(P);
+  for (int i = 0; i < P; ++i) prompt[size_t(i)] = (i * 7919 + 13) % V;
+  std::vector<std::vector<int32_t>> bt(nseq), sw(nseq), toks(nseq, prompt);
+  for (int s = 0; s < nseq; ++s)
+    for (int b = 0; b < nblk; ++b) {
+      bt[size_t(s)].push_back(b * nseq + s);
+      sw[size_t(s)].push_back(nblk * nseq + b * nseq + s);
+    }
+  const int tops[nseq] = {3, 2, 0, 5};
+  const float temps[nseq] = {0.f, 0.8f, 0.f, 0.7f};
+  int checked = 0;
+  for (int st = 0; st < 3; ++st) {
+    std::vector<mx::SeqStep> seqs(nseq);
+    for (int s = 0; s < nseq; ++s) {
+      mx::SeqStep& q = seqs[size_t(s)];
+      q.seq_id = s;
+      q.start_pos = st == 0 ? 0 : P + st - 1;
+      q.tokens = std::span<const int32_t>(toks[size_t(s)]).subspan(size_t(q.start_pos), st == 0 ? size_t(P) : 1);
+      q.block_table = bt[size_t(s)];
+      q.sliding_table = sw[size_t(s)];
+      q.sample = true;
+      q.sampling.temperature = temps[s];
+      q.sampling.seed = 3 + uint64_t(s);
+      q.sampling.top_k = s == 3 ? 40 : 0;
+      q.sampling.logprobs = true;
+      q.sampling.top_logprobs = tops[s];
+      q.rng_step = uint64_t(st);
+    }
+    std::vector<mx::SampleResult> out(nseq);
+    gpu->step(seqs, out);
+    for (int s = 0; s < nseq; ++s) {
+      SCOPED_TRACE("step " + std::to_string(st) + " row " + std::to_string(s));
+      const auto lg = gpu->last_logits(s);
+      ASSERT_EQ(int(lg.size()), V);
+      const mx::TokenLogprob want = mx::token_logprob(lg.data(), V, out[size_t(s)].token, tops[s]);
+      EXPECT_NEAR(out[size_t(s)].logprob, want.logprob, 2e-5);
+      ASSERT_EQ(out[size_t(s)].top.size(), size_t(tops[s]));
+      for (int k = 0; k < tops[s]; ++k) {
+        EXPECT_EQ(out[size_t(s)].top[size_t(k)].first, want.top[size_t(k)].first) << k;
+        EXPECT_NEAR(out[size_t(s)].top[size_t(k)].second, want.top[size_t(k)].second, 2e-5) << k;
+        ++checked;
+      }
+      if (temps[s] == 0.f && tops[s] > 0) {
+        EXPECT_EQ(out[size_t(s)].top[0].first, out[size_t(s)].token);  // greedy: the pick is the best id
+      }
+      toks[size_t(s)].push_back(out[size_t(s)].token);
+    }
+  }
+  EXPECT_EQ(checked, 3 * (3 + 2 + 5));
 }
 
 }  // namespace

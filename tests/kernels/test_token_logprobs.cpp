@@ -16,7 +16,8 @@
 namespace mx::test {
 namespace {
 
-void check(int rows, int stride, int V, int top, uint32_t seed, bool ties) {
+// With `subset`, the launch reads every other row from the last back (row_index) and writes them in order.
+void check(int rows, int stride, int V, int top, uint32_t seed, bool ties, bool subset = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 3.f);
   std::vector<float> logits(size_t(rows) * stride);
@@ -24,16 +25,22 @@ void check(int rows, int stride, int V, int top, uint32_t seed, bool ties) {
   for (int r = 0; r < rows; r += 3) logits[size_t(r) * stride + size_t(r % V)] = -INFINITY;  // a masked id
   std::vector<int32_t> targets(rows);
   for (int r = 0; r < rows; ++r) targets[size_t(r)] = int32_t(rng() % uint32_t(stride));  // some past V
+  std::vector<int32_t> index;
+  for (int r = rows - 1; r >= 0; r -= subset ? 2 : 1) index.push_back(r);
+  if (!subset) index.clear();
+  const int launched = subset ? int(index.size()) : rows;
   DevBuf<float> dl(logits), dout{size_t(rows) * cuda::kTokenLogprobFloats};
-  DevBuf<int32_t> dt(targets);
+  DevBuf<int32_t> dt(targets), di(index);
   cuda::TokenLogprobParams p;
-  p.logits = dl.p; p.stride = stride; p.V = V; p.rows = rows; p.targets = dt.p; p.top = top; p.out = dout.p;
+  p.logits = dl.p; p.stride = stride; p.V = V; p.rows = launched; p.targets = dt.p; p.top = top; p.out = dout.p;
+  p.row_index = subset ? di.p : nullptr;
   cuda::token_logprobs(p, 0);
   const std::vector<float> out = dout.get();
-  for (int r = 0; r < rows; ++r) {
+  for (int i = 0; i < launched; ++i) {
+    const int r = subset ? index[size_t(i)] : i;
     const float* row = logits.data() + size_t(r) * stride;
     const TokenLogprob want = token_logprob(row, V, targets[size_t(r)], top);
-    const float* o = out.data() + size_t(r) * cuda::kTokenLogprobFloats;
+    const float* o = out.data() + size_t(i) * cuda::kTokenLogprobFloats;
     int32_t rank = 0;
     std::memcpy(&rank, o + 1, 4);
     if (std::isinf(want.logprob)) EXPECT_TRUE(std::isinf(o[0]) && o[0] < 0) << r;
@@ -59,6 +66,8 @@ TEST(TokenLogprobs, TiesTakeTheLowestIdAndRankCountsOnlyLarger) {
   check(9, 777, 770, 20, 4, true);
   check(2, 40, 33, 20, 5, true);  // fewer distinct values than picks
 }
+
+TEST(TokenLogprobs, ASubsetOfRowsByIndex) { check(9, 1037, 1000, 5, 7, false, true); }
 
 TEST(TokenLogprobs, NoAlternativesAndOutOfRangeTop) {
   check(4, 513, 513, 0, 6, false);
