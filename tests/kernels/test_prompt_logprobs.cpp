@@ -187,7 +187,8 @@ namespace {
 
 // top_logprobs on the GPU: after the pick, a row that asks for alternatives has them found from its logits
 // (token_logprobs over the sampled rows that ask): greedy and temperature rows, one with top-k, one without
-// alternatives, on the prefill path (step 0) and wide steps of single-token rows (steps 1-2). Against the host's token_logprob
+// alternatives, on the prefill path (step 0) and wide steps of single-token rows (steps 1-4: the shape repeats
+// at step 2, so it is captured behind it and steps 3-4 replay the graph). Against the host's token_logprob
 // over the same row's kept logits: ids exact, log-probs within 2e-5; the pick's own log-prob is the row's.
 TEST(CudaRunner, TopLogprobsOnTheGpu) {
   const std::string dir = mx::test::e2e_fixture("mini");
@@ -207,7 +208,7 @@ TEST(CudaRunner, TopLogprobsOnTheGpu) {
   const int tops[nseq] = {3, 2, 0, 5};
   const float temps[nseq] = {0.f, 0.8f, 0.f, 0.7f};
   int checked = 0;
-  for (int st = 0; st < 3; ++st) {
+  for (int st = 0; st < 5; ++st) {
     std::vector<mx::SeqStep> seqs(nseq);
     for (int s = 0; s < nseq; ++s) {
       mx::SeqStep& q = seqs[size_t(s)];
@@ -244,7 +245,7 @@ TEST(CudaRunner, TopLogprobsOnTheGpu) {
       toks[size_t(s)].push_back(out[size_t(s)].token);
     }
   }
-  EXPECT_EQ(checked, 3 * (3 + 2 + 5));
+  EXPECT_EQ(checked, 5 * (3 + 2 + 5));
 }
 
 }  // namespace
