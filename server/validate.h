@@ -42,10 +42,10 @@ struct CommonParams {
   std::shared_ptr<const harmony::JsonSchema> json_schema;
   bool echo = false;         // completions: the prompt's text (and, with logprobs, its log-probs) before the output
   int prompt_logprobs = -1;  // vLLM's prompt_logprobs: each prompt token's log-prob, rank and this many best ids
-  // The alternatives the engine computes for each prompt token (GenRequest::prompt_logprobs), -1: none.
   // Completions' echo with max_tokens 0 (OpenAI's): the prompt's text and log-probs, no output. The engine
   // still samples one token (its logits are the last row's), which the answer leaves out.
   bool score_only() const { return echo && max_tokens == 0; }
+  // The alternatives the engine computes for each prompt token (GenRequest::prompt_logprobs), -1: none.
   int prompt_top() const { return std::max(prompt_logprobs, echo && sampling.logprobs ? sampling.top_logprobs : -1); }
 };
 
