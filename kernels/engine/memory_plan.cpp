@@ -26,7 +26,6 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   // >= 64 also leaves room for the router's split-K partials (kRouterSplits x 8 tokens).
   p.T = std::max(opt.max_tokens_per_step, cuda::kDecodeMaxTokens * cuda::kRouterSplits);
   p.S = std::max(opt.max_num_seqs, cuda::kDecodeMaxTokens);
-  p.prompt_rows = std::min(MemoryPlan::kPromptRows, p.S);
   const size_t T = size_t(p.T), S = size_t(p.S), H = size_t(d.H), V = size_t(d.V), E = size_t(d.E),
                I = size_t(d.I), k = size_t(d.top_k);
   p.moe_max_tiles = cuda::moe_prefill_tile_bound(p.T, d.top_k, d.E);
@@ -35,7 +34,9 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
   p.attn_rows = opt.flash_prefill_attention ? p.S : p.T;
   const size_t attn_part = cuda::attention_decode_scratch_floats(p.attn_rows, d.Hkv, d.D) * 4;
   p.activation_sizes = {
-      T * H * 4, T * H * 4, T * d.qkv_dim() * 4, T * E * 4, T * k * 4, T * k * H * 4,  // xa .. ysl
+      // ysl also holds a prompt's log-prob rows after the forward (Activations::prompt_logits): at least 8
+      T * H * 4, T * H * 4, T * d.qkv_dim() * 4, T * E * 4, T * k * 4,
+      std::max(T * k * H, size_t(cuda::kDecodeMaxTokens) * V) * 4,  // xa .. ysl
       S * V * 4, S * 8, size_t(d.D) * 2, attn_part,
       T * H * 2, T * d.q_dim() * 2, T * d.q_dim() * 2, T * k * std::max(I * 2, cuda::moe_fp8_row_bytes(int(I))),
       S * H * 2,  // bf16 (act_bf also holds the FP8 MoE's hi/lo activation rows)
@@ -47,7 +48,8 @@ MemoryPlan plan_memory(const CudaEngineOptions& opt, const DeviceModel& model) {
       size_t(std::max(cuda::oproj_router_tiles(d.H), d.tp_size > 1 ? cuda::kPeerMaxCtas : 0)) * 4,
       cuda::attention_decode_mma_scratch_words(std::max(cuda::kDecodeMaxTokens, p.S), d.Hkv) * 8, S * 4,
       dense_scratch_elems(d) * 2, d.tp_size > 1 ? S * V * 4 : 0,
-      d.tp_size > 1 ? size_t(cuda::kDecodeMaxTokens) * H * 4 : 0, size_t(p.prompt_rows) * V * 4};
+      d.tp_size > 1 ? size_t(cuda::kDecodeMaxTokens) * H * 4 : 0};
+  p.prompt_rows = int(std::min<size_t>({size_t(MemoryPlan::kPromptRows), S, p.activation_sizes[5] / (V * 4)}));
   for (size_t b : p.activation_sizes) p.activation_bytes += align256(b);
 
   const std::vector<int> kv_array = c.kv_array_of_layers();
@@ -121,7 +123,7 @@ Activations bind_activations(uint8_t* arena, const MemoryPlan& plan) {
   x.wdq = b16();
   x.logits_tp = f32();
   x.tp_part = f32();
-  x.prompt_logits = f32();
+  x.prompt_logits = x.ysl;
   if (i != plan.activation_sizes.size())
     fail("activation arena: {} buffers bound, {} planned", i, plan.activation_sizes.size());
   return x;

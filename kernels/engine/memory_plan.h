@@ -34,7 +34,10 @@ struct Activations {
   uint16_t* wdq;                         // bf16 scratch of quantized dense weights (dense_scratch_elems)
   float* logits_tp;                      // tensor parallel: every rank's vocabulary slice [ranks][S][slice]
   float* tp_part;                        // tensor parallel, ranks > 0: the decode o-proj's partial rows [8, H], zero
-  float* prompt_logits;                  // a prompt's log-prob rows, MemoryPlan::prompt_rows at a time [rows, V]
+  // A prompt's log-prob rows, MemoryPlan::prompt_rows at a time [rows, V]: ysl's memory, free once a prefill
+  // forward is over; on the decode path an 8-token chunk's rows are normed (reading ysl) before their
+  // lm_head writes here, in one launch.
+  float* prompt_logits;
 };
 
 // One step's metadata: int32 token arrays, then (8-byte aligned) the sampled rows' keys and filters,
@@ -71,7 +74,8 @@ struct KvCache {
 struct MemoryPlan {
   int T = 0, S = 0;          // tokens a step, sampled rows a step
   // Logit rows a launch of the prompt's log-probs takes (SeqStep::prompt_targets), at most S (the lm_head's
-  // tensor-parallel scratch holds S rows): each launch reads the whole head, so not a few (103 MB at 201k ids).
+  // tensor-parallel scratch holds S rows) and what ysl holds (8 or more): each launch reads the whole head,
+  // so not a few.
   static constexpr int kPromptRows = 128;
   int prompt_rows = 0;
   int attn_rows = 0;         // rows the decode attention's split-K scratch holds

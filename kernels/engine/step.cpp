@@ -363,6 +363,8 @@ void CudaRunner::enqueue_prompt_logprobs(const StepPlan& pl, const float* x, con
     k1 = q.first + (hi - q.row);
     top = std::max(top, q.top);
   }
+  // (The decode path's rows are normed from ysl, which the launch's logits overwrite: one launch, 8 rows at most.)
+  if (y_slot && k1 - k0 > plan_.prompt_rows) fail("{} prompt rows in one decode chunk", k1 - k0);
   for (int k = k0; k >= 0 && k < k1; k += plan_.prompt_rows) {
     const int n = std::min(plan_.prompt_rows, k1 - k);
     forward_->row_logits(x, y_slot, prompt_rows_dev_ + k, n, act_.prompt_logits);
