@@ -48,17 +48,14 @@ void CpuRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out)
     MX_CHECK(np == 0 || (p0 >= 0 && p0 + np <= n && s.prompt_top >= 0 && s.prompt_top <= kMaxPromptTop),
              "sequence {}: prompt log-prob rows [{}, {}) of {} tokens, top {}", s.seq_id, p0, p0 + np, n, s.prompt_top);
     out[i].prompt.clear();
+    if (np > 0) prompt_logits_.resize(cfg_.vocab_size);
     for (int t = 0; t < n; ++t) {
       const bool last = (t == n - 1) && s.sample;
       const bool prompt = t >= p0 && t < p0 + np;
-      if (prompt) prompt_logits_.resize(cfg_.vocab_size);
+      float* row = last ? logits_[i].data() : prompt ? prompt_logits_.data() : nullptr;
       ref_->forward_token(s.tokens[t], s.start_pos + t, s.block_table.data(),
-                          sliding_window_ > 0 ? s.sliding_table.data() : nullptr, kv_,
-                          last ? logits_[i].data() : prompt ? prompt_logits_.data() : nullptr);
-      if (prompt) {
-        if (last) prompt_logits_ = logits_[i];
-        out[i].prompt.push_back(token_logprob(prompt_logits_.data(), vocab_limit_, s.prompt_targets[t - p0], s.prompt_top));
-      }
+                          sliding_window_ > 0 ? s.sliding_table.data() : nullptr, kv_, row);
+      if (prompt) out[i].prompt.push_back(token_logprob(row, vocab_limit_, s.prompt_targets[t - p0], s.prompt_top));
     }
     if (s.sample) {
       for (int v = vocab_limit_; v < cfg_.vocab_size; ++v) logits_[i][v] = -std::numeric_limits<float>::infinity();

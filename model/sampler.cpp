@@ -153,8 +153,7 @@ SampleResult sample_token(const float* logits, int vocab, const SamplingParams& 
 TokenLogprob token_logprob(const float* logits, int vocab, int32_t target, int top) {
   TokenLogprob r;
   r.token = target;
-  const auto [argmax, mx] = max_logit(logits, vocab);
-  (void)argmax;
+  const float mx = max_logit(logits, vocab).value;
   double sum = 0;
   for (int i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - mx);
   const float log_z = float(mx + std::log(sum));
