@@ -295,7 +295,8 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 // as above, the k order of moe_fp8_pos; a thread has half a row) and copy B (up to 128 tokens x hi/lo:
 // two sub-tiles of 128 columns) beside them; two consumer warpgroups, one m64 block of weight rows
 // each, run wgmma with both operands in shared memory over both sub-tiles (the second only when the
-// tile has more than 64 rows), so an expert's weights are converted once for up to 128 of its tokens.
+// tile has more than 64 rows; each MMA only as wide as the sub-tile's tokens), so an expert's weights
+// are converted once for up to 128 of its tokens.
 // One segment's MMAs stay in flight behind the next. mbarriers hand the kWStages stages over (full: A
 // stored and B landed; empty: both consumers' MMAs on it done). The grid is persistent (one CTA an SM
 // walks (tile, slice) items): the producer copies the next item's scales and fills its first stages
@@ -342,7 +343,29 @@ __host__ __device__ inline size_t wide_smem_bytes(int K) {
 __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
-__device__ __forceinline__ void wgmma_ss_m64n128k32(float (&d)[64], uint64_t da, uint64_t db) {
+// wgmma m64nNk32 (e4m3, both operands in shared memory) for N = 2 x the accumulators a thread holds.
+__device__ __forceinline__ void wgmma_ss(float (&d)[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[48], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
@@ -391,8 +414,9 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       cp_async_commit();
       const uint8_t* srow = slab + mis;  // row lr's scales at srow + lr * G
       const uint8_t* blk = p.blocks + (size_t(e) * p.N + min(R0 + lr, p.N - 1)) * G * 16;
-      // B row bn = pt: sub-tile bn / 128, column bn % 128 = token (bn % 128) / 2's hi or lo row; rows
-      // past the tile's are zeros, and a second sub-tile the tile does not reach is not copied.
+      // B row bn = pt: sub-tile bn / 128, column bn % 128 = token (bn % 128) / 2's hi or lo row. Rows
+      // past the tile's are not copied (nor a second sub-tile the tile does not reach): their stale bytes
+      // feed only output columns the epilogue drops.
       const int bu = pt >> 7, bcol = pt & 127, tok = 64 * bu + (bcol >> 1);
       const bool bvalid = tok < rows, bcopy = bu == 0 || rows > 64;
       const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
@@ -433,7 +457,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
           const int br[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};  // rows c = column bcol & ~7 | c
 #pragma unroll
           for (int c = 0; c < 8; ++c)
-            cp_async16(st + bdst + c * 128 + (((pt & 7) ^ c) << 4), br[c] >= 0 ? bbase + (size_t(br[c] + s) << 7) : p.xq, br[c] >= 0);
+            if (br[c] >= 0) cp_async16(st + bdst + c * 128 + (((pt & 7) ^ c) << 4), bbase + (size_t(br[c] + s) << 7));
         }
         mbar_arrive_copies(&full[slot]);
         copy_raw(s + kWRaw - 1);
@@ -485,16 +509,19 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
     const int tile = item % nt, R0 = (item / nt) * kWRows;
     const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
     const int rows = min(kMoeTileRowsFp8Wide, p.offsets[e + 1] - row0);
-    // Each sub-tile count has its own copy of the item (accumulators included): wgmma keeps its
+    // Each pair of MMA widths has its own copy of the item (accumulators included): wgmma keeps its
     // accumulators only where no other instruction touches them inside the pipeline.
-    auto run = [&](auto two) {
-      constexpr bool kTwo = decltype(two)::value;
-      float acc0[64], acc1[kTwo ? 64 : 1];
+    // The widths: kN0 columns of the first 64-token sub-tile, kN1 of the second (0: none), each
+    // the tile's tokens there rounded up (2 columns a token), so a short tile reads less B from shared
+    // memory and multiplies less (docs/perf.md, session 49).
+    auto run = [&](auto n0, auto n1) {
+      constexpr int kN0 = decltype(n0)::value, kN1 = decltype(n1)::value;
+      float acc0[kN0 / 2], acc1[kN1 ? kN1 / 2 : 1];
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc0[i] = 0.f;
-      if constexpr (kTwo)
+      for (int i = 0; i < kN0 / 2; ++i) acc0[i] = 0.f;
+      if constexpr (kN1 > 0)
 #pragma unroll
-        for (int i = 0; i < 64; ++i) acc1[i] = 0.f;
+        for (int i = 0; i < kN1 / 2; ++i) acc1[i] = 0.f;
       for (int s = 0; s < S; ++s, ++it) {
         const int slot = it % kWStages;
         mbar_wait(&full[slot], (it / kWStages) & 1);
@@ -504,8 +531,8 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint64_t da = sw128_desc(st + c * 4 * kWStepA + 32 * q);
-          wgmma_ss_m64n128k32(acc0, da, sw128_desc(st + kWSegA + 32 * q));
-          if constexpr (kTwo) wgmma_ss_m64n128k32(acc1, da, sw128_desc(st + kWSegA + 4 * kWStepB + 32 * q));
+          wgmma_ss(acc0, da, sw128_desc(st + kWSegA + 32 * q));
+          if constexpr (kN1 > 0) wgmma_ss(acc1, da, sw128_desc(st + kWSegA + 4 * kWStepB + 32 * q));
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
@@ -516,13 +543,22 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       const int lr = c * 64 + 16 * warp + 2 * g, rA = R0 + lr;
       if (rA < p.N) {
         const uint32_t sa = smax_s[j & 1][lr], sb = smax_s[j & 1][lr + 1];
-        epilogue<kFc1>(p, acc0, epilogue_in<kFc1, 16>(p, e, row0, min(rows, 64), rA, t), row0, min(rows, 64), rA, sa, sb, t);
-        if constexpr (kTwo)
-          epilogue<kFc1>(p, acc1, epilogue_in<kFc1, 16>(p, e, row0 + 64, rows - 64, rA, t), row0 + 64, rows - 64, rA, sa, sb, t);
+        epilogue<kFc1>(p, acc0, epilogue_in<kFc1, kN0 / 8>(p, e, row0, min(rows, 64), rA, t), row0, min(rows, 64), rA, sa, sb, t);
+        if constexpr (kN1 > 0)
+          epilogue<kFc1>(p, acc1, epilogue_in<kFc1, kN1 / 8>(p, e, row0 + 64, rows - 64, rA, t), row0 + 64, rows - 64, rA, sa, sb, t);
       }
     };
-    if (rows > 64) run(std::true_type{});
-    else run(std::false_type{});
+    using N0 = std::integral_constant<int, 0>;
+    using N32 = std::integral_constant<int, 32>;
+    using N64 = std::integral_constant<int, 64>;
+    using N96 = std::integral_constant<int, 96>;
+    using N128 = std::integral_constant<int, 128>;
+    if (rows <= 32) run(N64{}, N0{});
+    else if (rows <= 48) run(N96{}, N0{});
+    else if (rows <= 64) run(N128{}, N0{});
+    else if (rows <= 80) run(N128{}, N32{});
+    else if (rows <= 96) run(N128{}, N64{});
+    else run(N128{}, N128{});
     mbar_arrive(&epi[j & 1]);
   }
 #endif

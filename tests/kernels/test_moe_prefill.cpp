@@ -215,6 +215,10 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{123, 16, 256, 192, false, 128, true},
                                            Case{37, 8, 384, 2880, false, 128, true},
                                            Case{300, 4, 256, 1440, false, 128, true},
+                                           // ~50 and ~90 rows an expert: every MMA width (tiles of <= 32,
+                                           // 48, 64, 80, 96 and 128 rows)
+                                           Case{100, 8, 256, 320, false, 128, true},
+                                           Case{180, 8, 256, 320, false, 128, true},
                                            // a few persistent CTAs, many items each (S = 1 in FC2 of the last)
                                            Case{300, 4, 256, 1440, false, 128, true, false, 3},
                                            Case{37, 8, 384, 2880, false, 128, true, false, 5},
