@@ -84,14 +84,39 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
 // in 16-byte units (a step's offset adds to it: one integer add a wgmma) and the leading offset.
 __device__ __forceinline__ uint32_t b_desc_lo(uint32_t addr) { return ((addr & 0x3FFFF) >> 4) | ((128 >> 4) << 16); }
 __device__ __forceinline__ uint64_t b_desc(uint32_t lo) { return uint64_t(lo) | (uint64_t(256 >> 4) << 32); }
-__device__ __forceinline__ void wgmma_m64n32k32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+// wgmma m64nNk32 (e4m3, A from registers, B in shared memory) for N = 2 x the accumulators a thread holds.
+__device__ __forceinline__ void wgmma_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[8], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+__device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+// One segment's four k32 steps, waited for.
+template <int kAcc>
+__device__ __forceinline__ void mma4(float (&acc)[kAcc], const uint32_t (&f)[4][4], uint32_t d) {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int q = 0; q < 4; ++q) wgmma_rs(acc, f[q], b_desc(d + q * (kStepBytes >> 4)));
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 #endif
 
@@ -256,6 +281,10 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
 
+  // The MMA only as wide as the tile's tokens (2 columns a token): n8 up to 4, n16 up to 8, else n32 (wn 0 /
+  // 1 / 2, uniform). Each segment's MMAs are waited for before the next one's conversion: their latency is
+  // the loop's.
+  const int wn = rows <= 4 ? 0 : rows <= 8 ? 1 : 2;
   float acc[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) acc[i] = 0.f;
@@ -277,11 +306,10 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
         e2m1x8_scaled(A[q], la, ha, f[q][0], f[q][2]);
         e2m1x8_scaled(B[q], lb, hb, f[q][1], f[q][3]);
       }
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int q = 0; q < 4; ++q) wgmma_m64n32k32(acc, f[q], b_desc(d0 + (4 * s + q) * (kStepBytes >> 4)));
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+      const uint32_t db = d0 + 4 * s * (kStepBytes >> 4);
+      if (wn == 0) mma4(reinterpret_cast<float(&)[4]>(acc), f, db);
+      else if (wn == 1) mma4(reinterpret_cast<float(&)[8]>(acc), f, db);
+      else mma4(acc, f, db);
     }
   }
 
