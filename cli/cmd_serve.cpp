@@ -15,6 +15,7 @@
 #include "model/cpu_runner.h"
 #include "model/fixture.h"
 #include "runtime/engine.h"
+#include "runtime/speculative_config.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,6 +41,7 @@ struct ServeOptions {
   bool decode_ahead = true;
   std::string dummy_weights;  // preset served with random GPU-made weights (benchmarks)
   std::vector<std::string> served_names;  // --served-model-name (server::ModelNames)
+  std::string speculative_config;         // vLLM's JSON (runtime/speculative_config.h); empty = off
 };
 
 std::atomic<int> g_signal{0};
@@ -155,6 +157,11 @@ void run_serve(ServeOptions o) {
                               .max_prefill_tokens_with_decodes = o.max_prefill_tokens_with_decodes,
                               .max_model_len = o.max_model_len,
                               .enable_prefix_caching = o.enable_prefix_caching};
+    if (!o.speculative_config.empty()) {
+      runtime::parse_speculative_config(o.speculative_config, eo);
+      log::info("n-gram speculation: up to {} drafts, n-grams of {}-{} tokens, while at most {} sequences run", eo.spec_tokens,
+                eo.spec_ngram_min, eo.spec_ngram_max, eo.spec_max_running);
+    }
     const ModelConfig& cfg = runner->config();
     if (eo.max_model_len > cfg.max_position_embeddings)
       fail("--max-model-len {} exceeds the model's {} positions", eo.max_model_len, cfg.max_position_embeddings);
@@ -227,6 +234,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--decode-ahead,!--no-decode-ahead", o->decode_ahead,
                 "(CUDA, default on) enqueue a decoding batch's next step before its results are read; a step "
                 "nobody then asks for (a stop token, a new request) is wasted work");
+  cmd->add_option("--speculative-config", o->speculative_config,
+                  "vLLM's JSON, n-gram only: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, "
+                  "\"prompt_lookup_min\": 2, \"disable_by_batch_size\": 8} (greedy requests without log-probs or logit "
+                  "adjustments; off by default)");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o->enable_prefix_caching,
                 "reuse the KV of cached prompt prefixes across requests (default on)");
   cmd->callback([o] { run_serve(*o); });

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/ngram_proposer.h"
 
 namespace mx::runtime {
 
@@ -93,6 +94,8 @@ struct Engine::Seq {
   std::vector<TokenLogprob> prompt_lp;
   bool prompt_lp_sent = false;
   bool wants_prompt_lp() const { return req.prompt_logprobs >= 0 && !prompt_lp_sent; }
+  // This step's tokens when it checks drafts (EngineOptions::spec_tokens): the last token, then the drafts.
+  std::vector<int32_t> spec;
   bool done = false;
 };
 
@@ -270,6 +273,22 @@ bool Engine::continues(const Seq& s) const {
   return s.generated + 1 < s.req.max_tokens && int(s.tokens.size()) + 1 < max_model_len_;
 }
 
+int Engine::propose(Seq& s, int budget) {
+  s.spec.clear();
+  const GenRequest& q = s.req;
+  // Greedy rows whose pick is the raw logits' argmax, which the drafts' rows report (lowest id on ties).
+  const bool plain = q.sampling.temperature == 0.f && !q.sampling.penalized() && !q.sampling.logprobs &&
+                     q.sampling.top_logprobs == 0 && q.logit_bias.empty() && !q.constraint && !s.wants_prompt_lp() &&
+                     (s.generated >= q.min_tokens || q.stop_token_ids.empty());
+  if (opt_.spec_tokens <= 0 || !plain || int(running_.size()) > opt_.spec_max_running || !continues(s)) return 0;
+  // The drafts and the token after them stay within max_tokens, max_model_len and the step's budget.
+  const int k = std::min({opt_.spec_tokens, q.max_tokens - s.generated - 1, max_model_len_ - int(s.tokens.size()) - 1, budget - 1});
+  if (k <= 0) return 0;
+  s.spec.push_back(s.tokens.back());
+  if (propose_ngram(s.tokens, k, opt_.spec_ngram_min, opt_.spec_ngram_max, s.spec) == 0) s.spec.clear();
+  return int(s.spec.size()) - (s.spec.empty() ? 0 : 1);
+}
+
 bool Engine::ensure_blocks(Seq& s, int num_tokens) {
   const int need = (num_tokens + block_size_ - 1) / block_size_;
   if (kv_.sliding_window > 0) {
@@ -321,6 +340,12 @@ bool Engine::step() {
     const int left = int(s.tokens.size()) - s.num_computed;
     int n = std::min(left, left == 1 ? budget : prefill_room());
     if (n <= 0) continue;
+    s.spec.clear();
+    if (left == 1 && propose(s, budget) > 0) {
+      // Drafts take blocks only where the pool has them: they never preempt another sequence.
+      if (ensure_blocks(s, s.num_computed + int(s.spec.size()))) n = int(s.spec.size());
+      else s.spec.clear();
+    }
     bool ok = ensure_blocks(s, s.num_computed + n);
     while (!ok) {
       // Preempt the most recently admitted other sequence not yet scheduled, else this one.
@@ -411,11 +436,12 @@ bool Engine::step() {
     auto [s, n] = sched[i];
     SeqStep& st = steps[i];
     st.seq_id = s->id;
-    st.tokens = std::span<const int32_t>(s->tokens).subspan(size_t(s->num_computed), size_t(n));
+    st.tokens = s->spec.empty() ? std::span<const int32_t>(s->tokens).subspan(size_t(s->num_computed), size_t(n))
+                                : std::span<const int32_t>(s->spec);
     st.start_pos = s->num_computed;
     st.block_table = s->blocks;
     st.sliding_table = s->sw_blocks;
-    st.sample = s->num_computed + n == int(s->tokens.size());
+    st.sample = s->num_computed + n == int(s->tokens.size()) || !s->spec.empty();
     st.sampling = s->req.sampling;
     st.banned = s->generated < s->req.min_tokens ? std::span<const int32_t>(s->req.stop_token_ids) : std::span<const int32_t>{};
     st.logit_bias = s->req.logit_bias;
@@ -426,8 +452,11 @@ bool Engine::step() {
     }
     st.rng_step = uint64_t(s->generated);
     // This step's token is not the last by length and no request joins: the runner may start the next step early.
-    st.expect_next = st.sample && continues(*s) && !joins;
-    if (s->wants_prompt_lp()) {  // the rows of prompt positions whose log-probs are not known yet
+    st.expect_next = st.sample && continues(*s) && !joins && s->spec.empty();
+    if (!s->spec.empty()) {  // each draft checked against its row's argmax
+      st.prompt_targets = std::span<const int32_t>(s->spec).subspan(1);
+      st.prompt_top = 1;
+    } else if (s->wants_prompt_lp()) {  // the rows of prompt positions whose log-probs are not known yet
       const int first = std::max(s->num_computed, int(s->prompt_lp.size()));
       const int end = std::min(s->num_computed + n, int(s->req.prompt.size()) - 1);
       if (end > first) {
@@ -454,33 +483,24 @@ bool Engine::step() {
   }
   runner_.step(steps, out);
 
-  uint64_t gen_tokens = 0;
-  for (size_t i = 0; i < sched.size(); ++i) {
-    auto [s, n] = sched[i];
-    s->num_computed += n;
-    cache_full_blocks(*s);
-    SampleResult& r = out[i];
-    if (!steps[i].prompt_targets.empty()) {
-      MX_CHECK(r.prompt.size() == steps[i].prompt_targets.size(), "the runner returned {} prompt log-probs for {} rows",
-               r.prompt.size(), steps[i].prompt_targets.size());
-      for (TokenLogprob& t : r.prompt) s->prompt_lp.push_back(std::move(t));
-    }
-    if (!steps[i].sample) continue;
+  uint64_t gen_tokens = 0, drafted = 0, accepted = 0;
+  // Appends a sampled token to s and sends it; true when it ends the request.
+  auto emit = [&](Seq* s, int32_t token, float logprob, const SampleResult* r) {
     TokenEvent ev;
-    ev.token = r.token;
-    ev.logprob = r.logprob;
-    ev.top = r.top;
+    ev.token = token;
+    ev.logprob = logprob;
+    if (r) ev.top = r->top;
     ev.cached_tokens = std::max(s->cached_tokens, 0);
     if (s->wants_prompt_lp()) {
       ev.prompt_logprobs = std::move(s->prompt_lp);
       s->prompt_lp = {};
       s->prompt_lp_sent = true;
     }
-    s->tokens.push_back(r.token);
-    if (s->req.constraint) s->req.constraint->accept(r.token);
+    s->tokens.push_back(token);
+    if (s->req.constraint) s->req.constraint->accept(token);
     ++s->generated;
     ++gen_tokens;
-    bool is_stop = std::find(s->req.stop_token_ids.begin(), s->req.stop_token_ids.end(), r.token) != s->req.stop_token_ids.end();
+    bool is_stop = std::find(s->req.stop_token_ids.begin(), s->req.stop_token_ids.end(), token) != s->req.stop_token_ids.end();
     if (is_stop) {
       ev.stop_token = true;
       ev.finish = FinishReason::kStop;
@@ -489,13 +509,46 @@ bool Engine::step() {
     }
     FinishReason f = ev.finish;
     s->ch->push_quiet(std::move(ev));
-    to_wake_.push_back(s->ch);
-    if (f != FinishReason::kNone) {
-      s->done = true;
-      free_blocks(*s);
-      std::lock_guard lk(mu_);
-      --active_;
+    if (f == FinishReason::kNone) return false;
+    s->done = true;
+    free_blocks(*s);
+    std::lock_guard lk(mu_);
+    --active_;
+    return true;
+  };
+  for (size_t i = 0; i < sched.size(); ++i) {
+    auto [s, n] = sched[i];
+    SampleResult& r = out[i];
+    if (!steps[i].prompt_targets.empty())
+      MX_CHECK(r.prompt.size() == steps[i].prompt_targets.size(), "the runner returned {} prompt log-probs for {} rows",
+               r.prompt.size(), steps[i].prompt_targets.size());
+    if (!s->spec.empty()) {
+      // Drafts up to the first the model disagrees with are its own greedy tokens; then the model's pick
+      // there (or after the last draft, the step's sampled token). The KV past them is rewritten later.
+      const int k = int(s->spec.size()) - 1;
+      int m = 0;
+      while (m < k && !r.prompt[size_t(m)].top.empty() && r.prompt[size_t(m)].top[0].first == s->spec[size_t(m) + 1]) ++m;
+      s->num_computed += 1 + m;
+      drafted += uint64_t(k);
+      accepted += uint64_t(m);
+      bool ended = false;
+      for (int j = 0; j < m && !ended; ++j) ended = emit(s, s->spec[size_t(j) + 1], r.prompt[size_t(j)].logprob, nullptr);
+      if (!ended) {
+        cache_full_blocks(*s);  // (the accepted drafts are known tokens now)
+        if (m < k) emit(s, r.prompt[size_t(m)].top[0].first, r.prompt[size_t(m)].top[0].second, nullptr);
+        else emit(s, r.token, r.logprob, &r);
+      }
+      s->spec.clear();
+      to_wake_.push_back(s->ch);
+      continue;
     }
+    s->num_computed += n;
+    cache_full_blocks(*s);
+    if (!steps[i].prompt_targets.empty())
+      for (TokenLogprob& t : r.prompt) s->prompt_lp.push_back(std::move(t));
+    if (!steps[i].sample) continue;
+    emit(s, r.token, r.logprob, &r);
+    to_wake_.push_back(s->ch);
   }
   waker_.post(to_wake_);
   std::erase_if(running_, [](auto& s) { return s->done; });
@@ -504,6 +557,8 @@ bool Engine::step() {
     std::lock_guard lk(mu_);
     stats_.prompt_tokens += prompt_tokens;
     stats_.generation_tokens += gen_tokens;
+    stats_.spec_draft_tokens += drafted;
+    stats_.spec_accepted_tokens += accepted;
     ++stats_.steps;
     stats_.device_busy_seconds = busy;
     ready_ = true;

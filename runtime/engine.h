@@ -129,6 +129,13 @@ struct EngineOptions {
   int max_model_len = 0;        // 0 = the model's max_position_embeddings
   bool enable_prefix_caching = true;
   BlockHashFn block_hash = nullptr;  // nullptr = default_block_hash; tests force collisions
+  // N-gram speculation (ngram_proposer.h): a greedy decoding row with no logit adjustments, log-probs or
+  // constraint adds up to spec_tokens drafts, which the step checks as prompt log-prob rows (the argmax of
+  // each row); the row keeps the drafts that match and the model's own next token. 0 = off. Only while at
+  // most spec_max_running sequences run: on a full GPU the drafts' rows cost more than they save.
+  int spec_tokens = 0;
+  int spec_ngram_min = 2, spec_ngram_max = 4;
+  int spec_max_running = 8;
 };
 
 struct EngineStats {
@@ -144,6 +151,8 @@ struct EngineStats {
   uint64_t prefix_cache_queries = 0;  // prompt tokens looked up at first admission
   uint64_t prefix_cache_hits = 0;     // of which served from the cache
   int cached_blocks = 0;              // blocks currently registered in the prefix cache
+  uint64_t spec_draft_tokens = 0;     // drafts checked (EngineOptions::spec_tokens)
+  uint64_t spec_accepted_tokens = 0;  // of which the model agreed with
 };
 
 class Engine {
@@ -176,6 +185,8 @@ class Engine {
   bool ensure_blocks(Seq& s, int num_tokens);
   // Its token this step is not the last by length (max_tokens, max_model_len): another step follows.
   bool continues(const Seq& s) const;
+  // Fills s.spec with the last token and its drafts when the row may speculate this step; returns the drafts.
+  int propose(Seq& s, int budget);
   int reuse_cached_prefix(Seq& s);
   void cache_full_blocks(Seq& s);
   void loop();

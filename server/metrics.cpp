@@ -39,6 +39,8 @@ std::string Metrics::text(const std::string& model, const runtime::EngineStats& 
   counter("vllm:prefix_cache_queries_total", st.prefix_cache_queries);
   counter("vllm:prefix_cache_hits_total", st.prefix_cache_hits);
   counter("mxserve:engine_steps_total", st.steps);
+  counter("vllm:spec_decode_num_draft_tokens_total", st.spec_draft_tokens);  // --speculative-config
+  counter("vllm:spec_decode_num_accepted_tokens_total", st.spec_accepted_tokens);
   // The GPU's time in steps (CUDA engine; 0 on the CPU): its rate against wall time is the share of the
   // time the GPU works, the rest being the host's turns between steps.
   out += fmt::format("# TYPE mxserve:device_busy_seconds_total counter\nmxserve:device_busy_seconds_total{{{}}} {:.6f}\n", l,

@@ -50,7 +50,8 @@ class FakeRunner : public ModelRunner {
         kv_[slot(s.block_table, s.start_pos + int(t))] = d;
         if (shape_.sliding_window > 0) kv_[slot(s.sliding_table, s.start_pos + int(t))] = d ^ kSlidingTag;
       }
-      // Prompt log-probs: the target and its position (as -logprob, and rank position + 1).
+      // Prompt log-probs: the target and its position (as -logprob, and rank position + 1); the first of
+      // the top ids is the row's greedy pick (its token + 1), as a draft check reads it.
       out[i].prompt.clear();
       for (size_t j = 0; j < s.prompt_targets.size(); ++j) {
         const int pos = s.start_pos + s.prompt_row0 + int(j);
@@ -59,7 +60,8 @@ class FakeRunner : public ModelRunner {
         t.token = s.prompt_targets[j];
         t.logprob = -float(pos);
         t.rank = pos + 1;
-        for (int k = 0; k < s.prompt_top; ++k) t.top.emplace_back(k, -float(k));
+        for (int k = 0; k < s.prompt_top; ++k)
+          t.top.emplace_back(k == 0 ? (s.tokens[size_t(s.prompt_row0) + j] + 1) % 1000 : k, -float(k));
         out[i].prompt.push_back(std::move(t));
       }
       expect_next.push_back(s.expect_next);
