@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -107,6 +108,13 @@ class FakeRunner : public ModelRunner {
   KvCacheShape shape_;
   std::vector<uint64_t> kv_;
 };
+
+// The ids from, from + 1, ..., n of them (prompts).
+inline std::vector<int32_t> seq(int from, int n) {
+  std::vector<int32_t> v(size_t(n), 0);
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
 
 // Everything a request produced so far.
 struct Output {

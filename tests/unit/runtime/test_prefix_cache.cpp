@@ -18,15 +18,10 @@ namespace mx::runtime {
 namespace {
 
 using fake::FakeRunner;
+using fake::seq;
 using fake::Output;
 
 uint64_t constant_hash(uint64_t, std::span<const int32_t>) { return 42; }
-
-std::vector<int32_t> seq(int from, int n) {
-  std::vector<int32_t> v(size_t(n), 0);
-  std::iota(v.begin(), v.end(), from);
-  return v;
-}
 
 // Runs each request to completion, one after the other, and returns their outputs.
 std::vector<Output> run_each(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,

@@ -15,13 +15,8 @@ namespace mx::runtime {
 namespace {
 
 using fake::FakeRunner;
+using fake::seq;
 using fake::Output;
-
-std::vector<int32_t> seq(int from, int n) {
-  std::vector<int32_t> v(size_t(n), 0);
-  std::iota(v.begin(), v.end(), from);
-  return v;
-}
 
 // Submits all prompts at once and steps until everything finished.
 std::vector<Output> run_together(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int max_tokens) {

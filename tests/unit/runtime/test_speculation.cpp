@@ -19,13 +19,8 @@ namespace mx::runtime {
 namespace {
 
 using fake::FakeRunner;
+using fake::seq;
 using fake::Output;
-
-std::vector<int32_t> seq(int from, int n) {
-  std::vector<int32_t> v(size_t(n), 0);
-  std::iota(v.begin(), v.end(), from);
-  return v;
-}
 
 Output run(Engine& e, std::vector<int32_t> prompt, int max_tokens, std::vector<int32_t> stop = {}) {
   auto ch = std::make_shared<Channel>();
