@@ -275,12 +275,13 @@ bool Engine::continues(const Seq& s) const {
 
 int Engine::propose(Seq& s, int budget) {
   s.spec.clear();
+  if (opt_.spec_tokens <= 0) return 0;
   const GenRequest& q = s.req;
   // Greedy rows whose pick is the raw logits' argmax, which the drafts' rows report (lowest id on ties).
   const bool plain = q.sampling.temperature == 0.f && !q.sampling.penalized() && !q.sampling.logprobs &&
                      q.sampling.top_logprobs == 0 && q.logit_bias.empty() && !q.constraint && !s.wants_prompt_lp() &&
                      (s.generated >= q.min_tokens || q.stop_token_ids.empty());
-  if (opt_.spec_tokens <= 0 || !plain || int(running_.size()) > opt_.spec_max_running || !continues(s)) return 0;
+  if (!plain || int(running_.size()) > opt_.spec_max_running || !continues(s)) return 0;
   // The drafts and the token after them stay within max_tokens, max_model_len and the step's budget.
   const int k = std::min({opt_.spec_tokens, q.max_tokens - s.generated - 1, max_model_len_ - int(s.tokens.size()) - 1, budget - 1});
   if (k <= 0) return 0;
@@ -340,8 +341,7 @@ bool Engine::step() {
     const int left = int(s.tokens.size()) - s.num_computed;
     int n = std::min(left, left == 1 ? budget : prefill_room());
     if (n <= 0) continue;
-    s.spec.clear();
-    if (left == 1 && propose(s, budget) > 0) {
+    if (left == 1 && propose(s, budget) > 0) {  // (s.spec is empty outside a step that checks drafts)
       // Drafts take blocks only where the pool has them: they never preempt another sequence.
       if (ensure_blocks(s, s.num_computed + int(s.spec.size()))) n = int(s.spec.size());
       else s.spec.clear();
