@@ -29,6 +29,7 @@ struct BenchOptions {
   int depth = 0, reps = 5;
   int prefill_min_tokens = -1;  // -1: the engine's default
   int decode_step_min_tokens = -1;  // -1: the engine's default
+  int spec_tokens = 0;               // > 0: also time decode steps checking this many drafts a row
   bool no_decode_ahead = false;      // !CudaEngineOptions::decode_ahead
   bool clone_rows = false;  // decode rows share row 0's prompt and first token (an optimistic figure)
   bool json = false, breakdown = false, no_graphs = false;
@@ -242,9 +243,10 @@ void run_bench(const BenchOptions& o) {
   eo.kv_fp8 = fmt.kv_fp8;
   eo.dense = fmt.dense;
   eo.block_size = 16;
-  eo.max_model_len = o.depth + std::max(max_pp, max_tg) + 16;
+  const int tg_span = max_tg * (1 + o.spec_tokens);  // positions a row's decode test takes
+  eo.max_model_len = o.depth + std::max(max_pp, tg_span) + 16;
   eo.max_num_seqs = max_b;
-  eo.max_tokens_per_step = std::max({max_b, 2048});
+  eo.max_tokens_per_step = std::max({max_b * (1 + o.spec_tokens), 2048});
   if (o.prefill_min_tokens >= 0) eo.prefill_min_tokens = o.prefill_min_tokens;
   if (o.decode_step_min_tokens >= 0) eo.decode_step_min_tokens = o.decode_step_min_tokens;
   eo.decode_ahead = !o.no_decode_ahead;
@@ -275,7 +277,7 @@ void run_bench(const BenchOptions& o) {
   const int window = r->kv_shape().sliding_window;
   const int depth_blocks = (o.depth + bs - 1) / bs;
   const int seq_blocks = (eo.max_model_len + bs - 1) / bs;
-  const int row_blocks = (o.depth + max_tg + 1 + bs - 1) / bs;
+  const int row_blocks = (o.depth + tg_span + 1 + bs - 1) / bs;
   // Decode rows other than row 0 fill their prompts in chunks of this size, so their sliding layers
   // need only a ring of blocks covering the window and one chunk.
   const int fill_chunk = std::min(512, eo.max_tokens_per_step);
@@ -349,6 +351,7 @@ void run_bench(const BenchOptions& o) {
     Stat tps;
     double gbps = 0, pct = 0, bytes = 0, experts = 0;  // experts: distinct a layer
     bool experts_counted = false;                      // counted from the routing, else expected
+    int drafts = 0;                                    // > 0: steps checking this many drafts a row
   };
   std::vector<Row> rows;
   for (int n : o.pp) {
@@ -361,6 +364,54 @@ void run_bench(const BenchOptions& o) {
     }
     rows.push_back({"pp" + std::to_string(n), 1, stat(v)});
   }
+  // Decode steps that check K drafts a row, as the engine's n-gram speculation runs them: each row's token
+  // and K drafts, the drafts' rows reporting their argmax (prompt log-probs, top 1). Every draft counts as
+  // accepted (tok/s is the ceiling); the cost does not depend on acceptance, so the step time against the
+  // plain step's says how many accepted drafts a step pay for it.
+  auto time_drafts = [&](int n, int B, double plain_tps) {
+    const int K = o.spec_tokens, W = 1 + K;
+    std::vector<int32_t> tk(size_t(B) * W);
+    std::vector<SeqStep> steps(static_cast<size_t>(B));
+    std::vector<SampleResult> out(static_cast<size_t>(B));
+    auto set_row = [&](int b, int32_t token) {  // the drafts: the row's next ids, pseudo-random
+      tk[size_t(b) * W] = token;
+      for (int i = 1; i < W; ++i) tk[size_t(b) * W + i] = int32_t((uint64_t(token) + uint64_t(i) * 7919 + 1) % uint64_t(V));
+    };
+    auto run = [&] {
+      for (int b = 0; b < B; ++b) set_row(b, first_tok[size_t(b)]);
+      for (int t = 0; t < n; ++t) {
+        for (int b = 0; b < B; ++b) {
+          SeqStep& st = steps[size_t(b)];
+          st = SeqStep{};
+          st.seq_id = b;
+          st.tokens = std::span<const int32_t>(tk).subspan(size_t(b) * W, size_t(W));
+          st.start_pos = o.depth + t * W;
+          st.block_table = bts[size_t(b)].full;
+          st.sliding_table = bts[size_t(b)].sliding;
+          st.sample = true;
+          st.sampling.temperature = 0;
+          st.rng_step = uint64_t(t);
+          st.prompt_targets = st.tokens.subspan(1);
+          st.prompt_top = 1;
+        }
+        r->step(steps, out);
+        for (int b = 0; b < B; ++b) set_row(b, out[size_t(b)].token);
+      }
+    };
+    run();  // warm-up
+    std::vector<double> v;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      auto a = std::chrono::steady_clock::now();
+      run();
+      v.push_back(double(n) * W * B / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+    }
+    Row row{"tg" + std::to_string(n) + "+d" + std::to_string(K), B, stat(v)};
+    row.drafts = K;
+    const double plain_ms = 1e3 * B / plain_tps, spec_ms = 1e3 * W * B / row.tps.mean;
+    std::fprintf(stderr, "tg%d batch %d, %d drafts a row: step %.3f ms against %.3f ms plain: the drafts pay from %.2f "
+                 "accepted a step\n", n, B, K, spec_ms, plain_ms, spec_ms / plain_ms - 1);
+    return row;
+  };
   for (int n : o.tg)
     for (int B : o.batch) {
       std::vector<int32_t> tk(B);
@@ -427,6 +478,7 @@ void run_bench(const BenchOptions& o) {
       row.gbps = row.bytes * row.tps.mean / 1e9;
       row.pct = 100.0 * row.gbps / (copy_gbps * eo.tp.size);  // tensor parallel: of every GPU's bandwidth
       rows.push_back(row);
+      if (o.spec_tokens > 0) rows.push_back(time_drafts(n, B, row.tps.mean));
     }
   const std::string model = o.model.empty() ? "dummy " + o.preset : o.model;
   if (o.breakdown) {
@@ -469,7 +521,7 @@ void run_bench(const BenchOptions& o) {
     std::printf("| test | batch | tok/s | experts/layer | MB/token | GB/s | %% copy BW |\n|---|---|---|---|---|---|---|\n");
     for (auto& r2 : rows) {
       char ex[32] = "";
-      if (r2.test[0] == 't') std::snprintf(ex, sizeof ex, "%s%.1f", r2.experts_counted ? "" : "~", r2.experts);
+      if (r2.test[0] == 't' && !r2.drafts) std::snprintf(ex, sizeof ex, "%s%.1f", r2.experts_counted ? "" : "~", r2.experts);
       std::printf("| %s @ d%d | %d | %.1f ± %.1f | %s | %.1f | %.0f | %.1f |\n", r2.test.c_str(), o.depth, r2.batch,
                   r2.tps.mean, r2.tps.sd, ex, r2.bytes / 1e6, r2.gbps, r2.pct);
     }
@@ -511,6 +563,10 @@ void add_bench_command(CLI::App& app) {
                 "decode rows share one prompt's KV and start from the same token, so every row computes the same "
                 "tokens and routes to the same experts (the old, optimistic batch figures); default: every row "
                 "has its own prompt and token stream");
+  cmd->add_option("--spec-tokens", o->spec_tokens,
+                  "also time each tg test's steps checking this many drafts a row (speculation's verification "
+                  "steps; every draft counted as accepted, so tok/s is the ceiling) and print what they cost")
+      ->check(CLI::Range(0, 16));
   cmd->add_flag("--no-decode-ahead", o->no_decode_ahead,
                 "each decode step waits for the host's turn instead of being enqueued before the previous "
                 "step's results are read (A/B)");
