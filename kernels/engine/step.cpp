@@ -60,6 +60,15 @@ cudaGraphExec_t capture_graph(cudaStream_t s, F&& enqueue) {
   return exec;
 }
 
+// A token_logprobs result's `top` best (id, log-prob) pairs: words 2 + 2k (the id's bits) and 3 + 2k.
+void read_top_ids(const float* o, int top, std::vector<std::pair<int32_t, float>>& dst) {
+  dst.resize(size_t(top));
+  for (int k = 0; k < top; ++k) {
+    std::memcpy(&dst[size_t(k)].first, o + 2 + 2 * k, 4);
+    dst[size_t(k)].second = o[3 + 2 * k];
+  }
+}
+
 }  // namespace
 
 void CudaRunner::step(std::span<const SeqStep> seqs, std::span<SampleResult> out) {
@@ -430,11 +439,7 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
     SampleResult& r = out[size_t(pl.sample_seq[size_t(row)])];
     const float* o = top_res_ + j * cuda::kTokenLogprobFloats;
     r.logprob = o[0];  // (the same pass as the alternatives': a pick that is the best id reads the same value)
-    r.top.resize(size_t(top));
-    for (int k = 0; k < top; ++k) {
-      std::memcpy(&r.top[size_t(k)].first, o + 2 + 2 * k, 4);
-      r.top[size_t(k)].second = o[3 + 2 * k];
-    }
+    read_top_ids(o, top, r.top);
   }
   for (const StepPlan::PromptRows& q : pl.prompt) {  // (a step with them is never one enqueued ahead)
     std::vector<TokenLogprob>& v = out[size_t(q.seq)].prompt;
@@ -445,11 +450,7 @@ void CudaRunner::collect_step(const StepPlan& pl, std::span<const SeqStep> seqs,
       t.token = prompt_targets_[q.first + j];
       t.logprob = o[0];
       std::memcpy(&t.rank, o + 1, 4);
-      t.top.resize(size_t(q.top));
-      for (int k = 0; k < q.top; ++k) {
-        std::memcpy(&t.top[size_t(k)].first, o + 2 + 2 * k, 4);
-        t.top[size_t(k)].second = o[3 + 2 * k];
-      }
+      read_top_ids(o, q.top, t.top);
     }
   }
 }
