@@ -8,6 +8,8 @@
 //   packed        a 16-row slab's segment is 1 KB contiguous (64 bytes a row), its scales 64 contiguous bytes:
 //                 what a load-time repack would give each warp
 //   packed-noscale
+//   rows-l2-128 / rows-l2-256   rows with `.L2::128B` / `.L2::256B` on the weight loads: a miss fetches the
+//                 row's next segments too (wip/moe-sparse-l2-*)
 //   chunk         each CTA reads its rows' bytes (one contiguous 368 KB at 120b FC1) 16 bytes a lane, 512
 //                 bytes a warp instruction: the same bytes and CTAs in the order DRAM likes best
 // GB/s count the checkpoint's bytes (weights and scales; none for *-noscale, chunk) whatever the pattern.
@@ -22,8 +24,8 @@
 
 namespace {
 
-enum Pattern { kRowsScaled, kRowsNoScale, kPackedScaled, kPackedNoScale, kChunk };
-const char* const kNames[] = {"rows", "rows-noscale", "packed", "packed-noscale", "chunk"};
+enum Pattern { kRowsScaled, kRowsNoScale, kPackedScaled, kPackedNoScale, kChunk, kRowsL2_128, kRowsL2_256 };
+const char* const kNames[] = {"rows", "rows-noscale", "packed", "packed-noscale", "chunk", "rows-l2-128", "rows-l2-256"};
 
 #define CK(x)                                                                      \
   do {                                                                             \
@@ -34,11 +36,19 @@ const char* const kNames[] = {"rows", "rows-noscale", "packed", "packed-noscale"
     }                                                                              \
   } while (0)
 
+// kL2: the bytes an L2 miss fetches (0: the default sector).
+template <int kL2 = 0>
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
+  if constexpr (kL2 == 256)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  else if constexpr (kL2 == 128)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   return r;
 }
 
@@ -73,7 +83,8 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)
   } else {
     const int rA = min(int(blockIdx.y) * kWarps * 16 + 16 * warp + 2 * g, sh.N - 2);
     constexpr bool kPacked = kPat == kPackedScaled || kPat == kPackedNoScale;
-    constexpr bool kScaled = kPat == kRowsScaled || kPat == kPackedScaled;
+    constexpr bool kScaled = kPat != kRowsNoScale && kPat != kPackedNoScale;
+    constexpr int kL2 = kPat == kRowsL2_128 ? 128 : kPat == kRowsL2_256 ? 256 : 0;
     const uint8_t *wA, *sA;
     if constexpr (kPacked) {  // slab rA / 16, its rows 2g and 2g + 1
       const size_t slab = (size_t(e) * sh.N + rA) / 16;
@@ -90,8 +101,8 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)
     uint32_t sa[kU], sb[kU];
     auto load = [&](int s, int u) {
       const bool in = s < sh.S && 4 * s + t < sh.G;
-      wa[u] = in ? ldg_stream(wA + s * wstep) : uint4{};
-      wb[u] = in ? ldg_stream(wA + dB + s * wstep) : uint4{};
+      wa[u] = in ? ldg_stream<kL2>(wA + s * wstep) : uint4{};
+      wb[u] = in ? ldg_stream<kL2>(wA + dB + s * wstep) : uint4{};
       sa[u] = kScaled && in ? sA[s * sstep] : 0u;
       sb[u] = kScaled && in ? sA[dS + s * sstep] : 0u;
     };
@@ -186,7 +197,7 @@ int main(int argc, char** argv) {
               prop.name, copy, routed, sh.E, sh.N, K, weight_bytes / 1e6, scale_bytes / 1e6);
   std::printf("| pattern | kU | CTA rows | us | GB/s | %% of copy |\n|---|---|---|---|---|---|\n");
   auto row = [&](int pat, int u, int warps, double ms) {
-    const bool scaled = pat == kRowsScaled || pat == kPackedScaled;
+    const bool scaled = pat != kRowsNoScale && pat != kPackedNoScale && pat != kChunk;
     const double gbps = (weight_bytes + (scaled ? scale_bytes : 0)) / (ms * 1e-3) / 1e9;
     std::printf("| %s | %d | %d | %.1f | %.0f | %.1f |\n", kNames[pat], u, warps * 16, ms * 1e3, gbps, 100 * gbps / copy);
   };
@@ -197,6 +208,8 @@ int main(int argc, char** argv) {
   row(kPackedScaled, 5, 16, run_ms<kPackedScaled, 5, 16>(b, s, experts, routed, sh, sink));
   row(kPackedNoScale, 5, 16, run_ms<kPackedNoScale, 5, 16>(b, s, experts, routed, sh, sink));
   row(kChunk, 5, 16, run_ms<kChunk, 5, 16>(b, s, experts, routed, sh, sink));
+  row(kRowsL2_128, 5, 16, run_ms<kRowsL2_128, 5, 16>(b, s, experts, routed, sh, sink));
+  row(kRowsL2_256, 5, 16, run_ms<kRowsL2_256, 5, 16>(b, s, experts, routed, sh, sink));
   row(kRowsScaled, 3, 16, run_ms<kRowsScaled, 3, 16>(b, s, experts, routed, sh, sink));
   row(kRowsScaled, 8, 16, run_ms<kRowsScaled, 8, 16>(b, s, experts, routed, sh, sink));
   row(kPackedScaled, 3, 16, run_ms<kPackedScaled, 3, 16>(b, s, experts, routed, sh, sink));
