@@ -119,46 +119,42 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads; (almost) never taken
 }
 
-template <int kPat, int kU, int kWarps>
-double run_ms(const uint8_t* blocks, const uint8_t* scales, const int* experts, int routed, Shape sh, uint32_t* sink) {
-  constexpr int rows = kWarps * 16;
-  const dim3 grid(unsigned(routed), unsigned((sh.N + rows - 1) / rows));
-  auto launch = [&] { stream_k<kPat, kU, kWarps><<<grid, kWarps * 32>>>(blocks, scales, experts, sh, sink); };
-  launch();
+// Milliseconds a call of f takes, over `iters` calls after one (checked) warm-up.
+template <class F>
+double time_ms(F f, int iters) {
+  f();
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  constexpr int kIters = 20;
   CK(cudaEventRecord(a));
-  for (int i = 0; i < kIters; ++i) launch();
+  for (int i = 0; i < iters; ++i) f();
   CK(cudaEventRecord(b));
   CK(cudaEventSynchronize(b));
   float ms = 0;
   CK(cudaEventElapsedTime(&ms, a, b));
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
-  return ms / kIters;
+  return ms / iters;
 }
 
+template <int kPat, int kU, int kWarps>
+double run_ms(const uint8_t* blocks, const uint8_t* scales, const int* experts, int routed, Shape sh, uint32_t* sink) {
+  constexpr int rows = kWarps * 16;
+  const dim3 grid(unsigned(routed), unsigned((sh.N + rows - 1) / rows));
+  return time_ms([&] { stream_k<kPat, kU, kWarps><<<grid, kWarps * 32>>>(blocks, scales, experts, sh, sink); }, 20);
+}
+
+// As the engine's measure_d2d_bandwidth_gbps (which this C++17 file cannot include): bytes read and written.
 double copy_gbps(size_t bytes) {
   void *a, *b;
   CK(cudaMalloc(&a, bytes));
   CK(cudaMalloc(&b, bytes));
-  CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaEventRecord(e0));
-  for (int i = 0; i < 10; ++i) CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-  CK(cudaEventRecord(e1));
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
+  const double ms = time_ms([&] { CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 10);
   CK(cudaFree(a));
   CK(cudaFree(b));
-  return 2.0 * bytes * 10 / (ms * 1e-3) / 1e9;
+  return 2.0 * bytes / (ms * 1e-3) / 1e9;
 }
 
 }  // namespace
