@@ -382,14 +382,8 @@ void run_bench(const BenchOptions& o) {
       for (int t = 0; t < n; ++t) {
         for (int b = 0; b < B; ++b) {
           SeqStep& st = steps[size_t(b)];
-          st = SeqStep{};
+          st = greedy_step(std::span<const int32_t>(tk).subspan(size_t(b) * W, size_t(W)), o.depth + t * W, bts[size_t(b)]);
           st.seq_id = b;
-          st.tokens = std::span<const int32_t>(tk).subspan(size_t(b) * W, size_t(W));
-          st.start_pos = o.depth + t * W;
-          st.block_table = bts[size_t(b)].full;
-          st.sliding_table = bts[size_t(b)].sliding;
-          st.sample = true;
-          st.sampling.temperature = 0;
           st.rng_step = uint64_t(t);
           st.prompt_targets = st.tokens.subspan(1);
           st.prompt_top = 1;
