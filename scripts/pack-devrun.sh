@@ -8,6 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-new}
+# A source newer than the binary means the build is stale (session 51 carried one as "new" unawares).
+stale=
+while IFS= read -r -d '' f; do [ "$f" -nt build/cli/mxserve ] && { stale=$f; break; }; done \
+  < <(git ls-files -z -- '*.cu' '*.cuh' '*.cpp' '*.h' '*CMakeLists.txt')
+if [ -n "$stale" ]; then echo "pack-devrun: build/cli/mxserve is older than $stale: run cmake --build --preset release first" >&2; exit 1; fi
 mkdir -p .devrun/"$name" .devrun/lib
 xz -6 -T2 -c build/cli/mxserve > .devrun/"$name"/mxserve.xz
 if [ "$name" = new ]; then xz -6 -T2 -c build/tests/test_kernels > .devrun/test_kernels.xz; fi
