@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for an A/B of builds made on the dev VM: the GPU suite of the candidate, then
-# `mxserve bench` of each build in turn (base, new, base, new, ...) on the same GPU, so that the
+# `mxserve bench` of each build in turn (base, new, then new, base, ...) on the same GPU, so that the
 # figures compare on one machine (machines differ by 2-5 %: docs/perf.md). Logs go to $OUT.
 #   BIN     test_kernels and lib/ (default .devrun); each build's mxserve in $BIN/NAME/ (optionally gzipped).
 #           test_kernels finds tests/data and .assets by the source path it was built from: build it in
@@ -22,8 +22,10 @@ if [ "${TESTS:-}" != none ]; then
   grep -E "^\[ *(FAILED|PASSED)|e2e|golden|Failure|Expected|Which is" "$OUT/tests.log" | head -40
 fi
 for r in $(seq "${ROUNDS:-2}"); do
+  # Round r starts from the r-th build, so no build always runs first on a cold GPU.
+  order=$(echo $BUILDS | awk -v r="$r" '{for (i = 0; i < NF; i++) printf "%s ", $((i + r - 1) % NF + 1)}')
   for m in ${MODELS:-120b 20b}; do
-    for side in $BUILDS; do
+    for side in $order; do
       log="$OUT/bench${TAG:+_$TAG}_$side.log"  # one file a build (the device returns at most 8)
       echo "== $m round $r: bench --preset $m ${BENCH:-}" >> "$log"
       n=$(wc -l < "$log")
