@@ -168,16 +168,6 @@ __global__ void quant_k(const uint16_t* x, int K, uint8_t* xq, float* xinv) {
   }
 }
 
-// A weight load whose L2 miss fetches 128 bytes: the row's next segments (64 bytes a segment) come from L2,
-// so DRAM sees 128-byte reads of a row instead of 64-byte ones a segment apart.
-__device__ __forceinline__ uint4 ldg_weights(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
 // Both kernels' output: acc[4j + c] is column 8j + 2t (hi) or + 1 (lo) = token 4j + t, weight row rA for
 // c < 2, rA + 1 for c >= 2; FC1 writes SwiGLU as hi/lo e4m3 (act_q), FC2 the weighted rows (y_slot).
 // EpiIn holds what the epilogue reads from global memory, read all at once before it (overlapped round
@@ -252,8 +242,8 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
   auto load = [&](int s, int u) {
     const int gi = 4 * s + t;
     if (s < S && gi < G) {
-      wa[u] = ldg_weights(blk + gi * 16);
-      wb[u] = ldg_weights(blk + (G + gi) * 16);
+      wa[u] = mma::ldg_stream<true>(blk + gi * 16);  // DRAM sees 128-byte reads of a row
+      wb[u] = mma::ldg_stream<true>(blk + (G + gi) * 16);
       sa[u] = sc[gi];
       sb[u] = sc[G + gi];
     } else {
