@@ -5,9 +5,25 @@
 # new), .devrun/lib/ (the Debian libraries the GPU machine lacks) and .devrun/assets/ (the tokenizer, for
 # the tests and the server: 2.9 MB instead of 27). A binary is ~4.5 MB: about ten fit the 64 MiB a call
 # carries. Only tracked or ignored paths travel: .devrun/ is git-ignored through .git/info/exclude.
+# `pack-devrun.sh NAME REF` packs REF's mxserve instead (a WIP branch for an A/B): it applies HEAD...REF to a
+# clean work tree, builds, packs (WITH_TESTS=1: its test_kernels too) and puts the tree back (rebuild before
+# packing HEAD again).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-new}
+if [ $# -ge 2 ]; then
+  git diff --quiet HEAD || { echo "pack-devrun: the work tree has changes; commit or stash them first" >&2; exit 1; }
+  added=$(git diff --name-only --diff-filter=A HEAD..."$2")
+  git diff HEAD..."$2" | git apply
+  trap 'git checkout -q -- . && { [ -z "$added" ] || rm -f $added; }' EXIT
+  cmake --build --preset release > /tmp/pack-devrun-"$name".log 2>&1 || { echo "pack-devrun: $2 does not build (/tmp/pack-devrun-$name.log)" >&2; exit 1; }
+  mkdir -p .devrun/"$name"
+  xz -6 -T2 -c build/cli/mxserve > .devrun/"$name"/mxserve.xz
+  # WITH_TESTS=1: its test_kernels too (device_run_env.sh makes .devrun/NAME/test_kernels runnable)
+  if [ "${WITH_TESTS:-0}" = 1 ]; then xz -6 -T2 -c build/tests/test_kernels > .devrun/"$name"/test_kernels.xz; fi
+  echo "packed $2 as .devrun/$name"
+  exit 0
+fi
 # A source newer than the binary means the build is stale (session 51 carried one as "new" unawares).
 stale=
 while IFS= read -r -d '' f; do [ "$f" -nt build/cli/mxserve ] && { stale=$f; break; }; done \
