@@ -7,6 +7,7 @@
 #           this checkout (or link that path to the repo root on the device first)
 #   BUILDS  the builds to bench, in turn (default: base new)
 #   TESTS   gtest filter for the suite, or none (default: every test, with the 120b-width golden)
+#   TEST_BUILD  run $BIN/TEST_BUILD/test_kernels (`WITH_TESTS=1 scripts/pack-devrun.sh NAME REF`) instead
 #   MODELS  presets (default: 120b 20b); ROUNDS (default 2); TAG: a prefix for the log names
 #   BENCH   bench arguments (default: --pp 2048 --tg 64 --depth 2048 --batch 1,8 --reps 2)
 set -u
@@ -14,10 +15,11 @@ cd "$(dirname "$0")/.."
 source bench/device_run_env.sh /tmp/mxserve-device
 BUILDS=${BUILDS:-base new}
 for f in "$BIN"/*.gz "$BIN"/*/*.gz; do [ -e "$f" ] && gunzip -f "$f"; done
-chmod +x "$BIN"/test_kernels "$BIN"/*/mxserve 2>/dev/null
+chmod +x "$BIN"/test_kernels "$BIN"/*/mxserve "$BIN"/*/test_kernels 2>/dev/null
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 if [ "${TESTS:-}" != none ]; then
-  MXSERVE_FIXTURE_CACHE=/tmp/fx timeout 420 "$BIN/test_kernels" ${TESTS:+--gtest_filter=$TESTS} > "$OUT/tests.log" 2>&1
+  tk="$BIN/${TEST_BUILD:+$TEST_BUILD/}test_kernels"
+  MXSERVE_FIXTURE_CACHE=/tmp/fx timeout 420 "$tk" ${TESTS:+--gtest_filter=$TESTS} > "$OUT/tests.log" 2>&1
   echo "tests exit $?"
   grep -E "^\[ *(FAILED|PASSED)|e2e|golden|Failure|Expected|Which is" "$OUT/tests.log" | head -40
 fi

@@ -11,6 +11,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-new}
+# What every build shares: the runtime libraries the GPU machine lacks, the tokenizer, the git-ignore line.
+pack_common() {
+  mkdir -p .devrun/lib
+  for l in $(ldd build/cli/mxserve | awk '/=> \/lib/ {print $3}' | grep -E 'pcre2|httplib|brotli'); do cp -L "$l" .devrun/lib/; done
+  if [ -e .assets/tokenizer/tokenizer.json ] && [ ! -e .devrun/assets/tokenizer.json.xz ]; then
+    mkdir -p .devrun/assets
+    xz -6 -T2 -c .assets/tokenizer/tokenizer.json > .devrun/assets/tokenizer.json.xz
+    cp .assets/tokenizer/tokenizer_config.json .devrun/assets/
+  fi
+  grep -qx '.devrun/' .git/info/exclude 2>/dev/null || echo '.devrun/' >> .git/info/exclude
+}
 if [ $# -ge 2 ]; then
   git diff --quiet HEAD || { echo "pack-devrun: the work tree has changes; commit or stash them first" >&2; exit 1; }
   added=$(git diff --name-only --diff-filter=A HEAD..."$2")
@@ -21,6 +32,7 @@ if [ $# -ge 2 ]; then
   xz -6 -T2 -c build/cli/mxserve > .devrun/"$name"/mxserve.xz
   # WITH_TESTS=1: its test_kernels too (device_run_env.sh makes .devrun/NAME/test_kernels runnable)
   if [ "${WITH_TESTS:-0}" = 1 ]; then xz -6 -T2 -c build/tests/test_kernels > .devrun/"$name"/test_kernels.xz; fi
+  pack_common
   echo "packed $2 as .devrun/$name"
   exit 0
 fi
@@ -29,14 +41,8 @@ stale=
 while IFS= read -r -d '' f; do [ "$f" -nt build/cli/mxserve ] && { stale=$f; break; }; done \
   < <(git ls-files -z -- '*.cu' '*.cuh' '*.cpp' '*.h' '*CMakeLists.txt')
 if [ -n "$stale" ]; then echo "pack-devrun: build/cli/mxserve is older than $stale: run cmake --build --preset release first" >&2; exit 1; fi
-mkdir -p .devrun/"$name" .devrun/lib
+mkdir -p .devrun/"$name"
 xz -6 -T2 -c build/cli/mxserve > .devrun/"$name"/mxserve.xz
 if [ "$name" = new ]; then xz -6 -T2 -c build/tests/test_kernels > .devrun/test_kernels.xz; fi
-for l in $(ldd build/cli/mxserve | awk '/=> \/lib/ {print $3}' | grep -E 'pcre2|httplib|brotli'); do cp -L "$l" .devrun/lib/; done
-if [ -e .assets/tokenizer/tokenizer.json ] && [ ! -e .devrun/assets/tokenizer.json.xz ]; then
-  mkdir -p .devrun/assets
-  xz -6 -T2 -c .assets/tokenizer/tokenizer.json > .devrun/assets/tokenizer.json.xz
-  cp .assets/tokenizer/tokenizer_config.json .devrun/assets/
-fi
-grep -qx '.devrun/' .git/info/exclude 2>/dev/null || echo '.devrun/' >> .git/info/exclude
+pack_common
 du -sh .devrun
