@@ -22,6 +22,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/decode/mma_tile.cuh"
+
 namespace {
 
 enum Pattern { kRowsScaled, kRowsNoScale, kPackedScaled, kPackedNoScale, kChunk, kRowsL2_128, kRowsL2_256 };
@@ -36,21 +38,7 @@ const char* const kNames[] = {"rows", "rows-noscale", "packed", "packed-noscale"
     }                                                                              \
   } while (0)
 
-// kL2: the bytes an L2 miss fetches (0: the default sector).
-template <int kL2 = 0>
-__device__ __forceinline__ uint4 ldg_stream(const void* p) {
-  uint4 r;
-  if constexpr (kL2 == 256)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  else if constexpr (kL2 == 128)
-    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  else
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
+using mx::cuda::mma::ldg_stream;  // <kL2>: the bytes an L2 miss fetches (0: the default sector)
 
 struct Shape {
   int E, N, G, S;  // experts, rows, groups of 32 a row, segments (4 groups) a row

@@ -38,12 +38,16 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << 16);
 }
 
-// Weights read once: no L1 allocation. kL2Line: an L2 miss fetches the 128-byte line, so a row read 64 bytes a
-// segment finds its next segment in L2 (the sparse MoE; the decode kernels measured even with it).
-template <bool kL2Line = false>
+// Weights read once: no L1 allocation. kL2Bytes (128 or 256): an L2 miss fetches that many bytes, so a row read
+// 64 bytes a segment finds its next segments in L2 (128: the sparse MoE; the decode kernels measured even with it).
+template <int kL2Bytes = 0>
 __device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  static_assert(kL2Bytes == 0 || kL2Bytes == 128 || kL2Bytes == 256, "an L2 fetch size PTX has");
   uint4 r;
-  if constexpr (kL2Line)
+  if constexpr (kL2Bytes == 256)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  else if constexpr (kL2Bytes == 128)
     asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
   else

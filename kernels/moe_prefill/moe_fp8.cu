@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
   auto load = [&](int s, int u) {
     const int gi = 4 * s + t;
     if (s < S && gi < G) {
-      wa[u] = mma::ldg_stream<true>(blk + gi * 16);  // DRAM sees 128-byte reads of a row
-      wb[u] = mma::ldg_stream<true>(blk + (G + gi) * 16);
+      wa[u] = mma::ldg_stream<128>(blk + gi * 16);  // DRAM sees 128-byte reads of a row
+      wb[u] = mma::ldg_stream<128>(blk + (G + gi) * 16);
       sa[u] = sc[gi];
       sb[u] = sc[G + gi];
     } else {
