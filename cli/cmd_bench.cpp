@@ -47,6 +47,17 @@ Stat stat(const std::vector<double>& v) {
   s.sd = v.size() > 1 ? std::sqrt(s.sd / (v.size() - 1)) : 0;
   return s;
 }
+// tokens / second over `reps` timed calls of run (the caller warms up first).
+template <class F>
+std::vector<double> timed_rates(int reps, double tokens, F&& run) {
+  std::vector<double> v;
+  for (int rep = 0; rep < reps; ++rep) {
+    auto a = std::chrono::steady_clock::now();
+    run();
+    v.push_back(tokens / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  return v;
+}
 
 #ifdef MXSERVE_HAVE_CUDA
 // One sequence's step of `toks` at `depth`, greedy, sampled (the diagnostics below).
@@ -355,14 +366,8 @@ void run_bench(const BenchOptions& o) {
   };
   std::vector<Row> rows;
   for (int n : o.pp) {
-    std::vector<double> v;
     prefill(o.depth, n, bt0);  // warm-up
-    for (int rep = 0; rep < o.reps; ++rep) {
-      auto a = std::chrono::steady_clock::now();
-      prefill(o.depth, n, bt0);
-      v.push_back(n / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-    }
-    rows.push_back({"pp" + std::to_string(n), 1, stat(v)});
+    rows.push_back({"pp" + std::to_string(n), 1, stat(timed_rates(o.reps, n, [&] { prefill(o.depth, n, bt0); }))});
   }
   // Decode steps that check K drafts a row, as the engine's n-gram speculation runs them: each row's token
   // and K drafts, the drafts' rows reporting their argmax (prompt log-probs, top 1). Every draft counts as
@@ -393,13 +398,7 @@ void run_bench(const BenchOptions& o) {
       }
     };
     run();  // warm-up
-    std::vector<double> v;
-    for (int rep = 0; rep < o.reps; ++rep) {
-      auto a = std::chrono::steady_clock::now();
-      run();
-      v.push_back(double(n) * W * B / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-    }
-    Row row{"tg" + std::to_string(n) + "+d" + std::to_string(K), B, stat(v)};
+    Row row{"tg" + std::to_string(n) + "+d" + std::to_string(K), B, stat(timed_rates(o.reps, double(n) * W * B, run))};
     row.drafts = K;
     const double plain_ms = 1e3 * B / plain_tps, spec_ms = 1e3 * W * B / row.tps.mean;
     std::fprintf(stderr, "tg%d batch %d, %d drafts a row: step %.3f ms against %.3f ms plain: the drafts pay from %.2f "
@@ -433,13 +432,8 @@ void run_bench(const BenchOptions& o) {
         }
       };
       run_tg();  // warm-up
-      std::vector<double> v;
       const uint64_t used0 = r->decode_ahead_stats().used;
-      for (int rep = 0; rep < o.reps; ++rep) {
-        auto a = std::chrono::steady_clock::now();
-        run_tg();
-        v.push_back(double(n) * B / std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-      }
+      const std::vector<double> v = timed_rates(o.reps, double(n) * B, run_tg);
       std::fprintf(stderr, "tg%d batch %d: %llu of %d steps were enqueued ahead (decode ahead)\n", n, B,
                    static_cast<unsigned long long>(r->decode_ahead_stats().used - used0), n * o.reps);
       Row row{"tg" + std::to_string(n), B, stat(v)};
