@@ -177,12 +177,13 @@ struct EpiIn {
   float bA, bB, xw[kJ];  // the rows' biases; per token: FC1 2^-xs, FC2 the gate weight
   int slot[kJ];          // FC2: the token's output slot
 };
+// er: the thread's first row over all experts' rows (e * N + row).
 template <bool kFc1, int kJ>
-__device__ __forceinline__ EpiIn<kJ> epilogue_in(const MoeGemmPrefillParams& p, int e, int row0, int rows, int ra, int t) {
+__device__ __forceinline__ EpiIn<kJ> epilogue_in(const MoeGemmPrefillParams& p, size_t er, int row0, int rows, int t) {
   EpiIn<kJ> in;
-  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias) + size_t(e) * p.N;
-  in.bA = __bfloat162float(bias[ra]);
-  in.bB = __bfloat162float(bias[ra + 1]);
+  const __nv_bfloat16* bias = reinterpret_cast<const __nv_bfloat16*>(p.bias);
+  in.bA = __bfloat162float(bias[er]);
+  in.bB = __bfloat162float(bias[er + 1]);
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
     const int r = row0 + max(0, min(4 * j + t, rows - 1));  // a real row: tokens past `rows` are dropped
@@ -224,24 +225,29 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 #ifdef MX_WGMMA
   constexpr int kThreads = kWg * 128, kRows = kWg * 64;
   extern __shared__ __align__(128) uint8_t bsm[];
-  const int tile = blockIdx.x;
-  if (tile >= *p.num_tiles) return;
-  const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-  const int rows = min(kMoeTileRowsSparse, p.offsets[e + 1] - row0);
+  // Persistent: a CTA walks a contiguous range of (tile, slice) items, tile-major, so its items mostly share
+  // one tile's B, and the weight ring runs on into the next item's first segments (no CTA starts cold).
+  const int slices = (p.N + kRows - 1) / kRows, items = *p.num_tiles * slices;
+  const int i0 = int(int64_t(items) * blockIdx.x / gridDim.x);
+  const int i1 = int(int64_t(items) * (blockIdx.x + 1) / gridDim.x);
+  if (i0 >= i1) return;
   const int G = p.K / 32, S = (G + 3) / 4, Kp = 128 * S, steps = 4 * S;
+  const int Sp = (S + kU - 1) / kU * kU;  // an item's ring positions: whole blocks of kU, the last ones empty
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // A row g of this warp is weight row rA, row g + 8 is rA + 1: FC1's gate / linear pair.
-  const int rA = blockIdx.y * kRows + 16 * warp + 2 * g;
-  const bool live = rA < p.N;
-  const int ra = min(rA, p.N - 2);
-  const uint8_t* blk = p.blocks + (size_t(e) * p.N + ra) * G * 16;
-  const uint8_t* sc = p.scales + (size_t(e) * p.N + ra) * G;
+  const int r_in = 16 * warp + 2 * g;
+  // Item i's first weight row of this thread, as an index over all experts' rows (e * N + row).
+  auto item_row = [&](int i) {
+    return p.tile_expert[i / slices] * p.N + min((i % slices) * kRows + r_in, p.N - 2);
+  };
 
   uint4 wa[kU], wb[kU];
   uint32_t sa[kU], sb[kU];
-  auto load = [&](int s, int u) {
+  auto load = [&](int row, int s, int u) {  // row < 0: past the CTA's last item
     const int gi = 4 * s + t;
-    if (s < S && gi < G) {
+    if (row >= 0 && s < S && gi < G) {
+      const uint8_t* blk = p.blocks + size_t(row) * G * 16;
+      const uint8_t* sc = p.scales + size_t(row) * G;
       wa[u] = mma::ldg_stream<128>(blk + gi * 16);  // DRAM sees 128-byte reads of a row
       wb[u] = mma::ldg_stream<128>(blk + (G + gi) * 16);
       sa[u] = sc[gi];
@@ -251,69 +257,89 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
       sa[u] = sb[u] = 0;
     }
   };
+  int cur = item_row(i0);
 #pragma unroll
-  for (int u = 0; u < kU; ++u) load(u, u);
+  for (int u = 0; u < kU; ++u) load(cur, u, u);
+  // The rows' largest scales, found at load (a scan of the rows' scales here was round trips a CTA); A's
+  // in byte 0, B's in byte 1 (one register).
+  auto smax_of = [&](int row) { return row < 0 ? 0u : uint32_t(p.row_smax[row]) | uint32_t(p.row_smax[row + 1]) << 8; };
+  uint32_t smax = smax_of(cur);
 
-  // The rows' largest scales, found at load (a scan of the rows' scales here was round trips a CTA).
-  const uint32_t smaxA = p.row_smax[size_t(e) * p.N + ra], smaxB = p.row_smax[size_t(e) * p.N + ra + 1];
-
-  // B: the tile's hi/lo rows over all of K. Rows past `rows` keep stale bytes: they feed only columns
-  // whose outputs are dropped.
-  const int chunks = rows * 2 * steps * 2;
-  for (int c = tid; c < chunks; c += kThreads) {
-    const int kc = c & 1, ks = (c >> 1) % steps, n = (c >> 1) / steps;
-    const int src_row = kFc1 ? p.sorted_tok[row0 + (n >> 1)] : row0 + (n >> 1);
-    cp_async16(bsm + ks * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16,
-               p.xq + size_t(src_row) * 2 * Kp + (n & 1) * Kp + ks * 32 + kc * 16);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  __syncthreads();  // every thread's copies have landed before any zeros go over them
-  // Groups past G in the last segment: their A is zero, so B must be finite there (zeros).
-  const int tail = G - 4 * (S - 1);
-  if (tail < 4)
-    for (int c = tid; c < 4 * 2 * rows * 2 * (4 - tail); c += kThreads) {
-      const int tt = tail + c % (4 - tail), r = c / (4 - tail);
-      const int kc = r & 1, n = (r >> 1) % (2 * rows), q = (r >> 1) / (2 * rows);
-      *reinterpret_cast<uint32_t*>(bsm + (steps - 4 + q) * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16 +
-                                   4 * tt) = 0;
-    }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  __syncthreads();
-
-  // The MMA only as wide as the tile's tokens (2 columns a token): n8 up to 4, n16 up to 8, else n32 (wn 0 /
-  // 1 / 2, uniform). Each segment's MMAs are waited for before the next one's conversion: their latency is
-  // the loop's.
-  const int wn = rows <= 4 ? 0 : rows <= 8 ? 1 : 2;
-  float acc[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.f;
-  const uint32_t d0 = b_desc_lo(smem_addr(bsm));
-  for (int s0 = 0; s0 < S; s0 += kU) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int s = s0 + u;
-      if (s >= S) break;  // uniform
-      const uint4 xa = wa[u], xb = wb[u];
-      uint32_t la, ha, lb, hb;
-      scale_luts(sa[u], smaxA, la, ha);
-      scale_luts(sb[u], smaxB, lb, hb);
-      load(s + kU, u);
-      const uint32_t A[4] = {xa.x, xa.y, xa.z, xa.w}, B[4] = {xb.x, xb.y, xb.z, xb.w};
-      uint32_t f[4][4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        e2m1x8_scaled(A[q], la, ha, f[q][0], f[q][2]);
-        e2m1x8_scaled(B[q], lb, hb, f[q][1], f[q][3]);
+  int btile = -1, row0 = 0, rows = 0;
+  for (int i = i0; i < i1; ++i) {
+    const int tile = i / slices, rA = (i % slices) * kRows + r_in;
+    const int nxt = i + 1 < i1 ? item_row(i + 1) : -1;
+    if (tile != btile) {  // uniform
+      if (btile >= 0) __syncthreads();  // every warp's MMAs on the last tile's B are done
+      btile = tile;
+      const int e = p.tile_expert[tile];
+      row0 = p.tile_row0[tile];
+      rows = min(kMoeTileRowsSparse, p.offsets[e + 1] - row0);
+      // B: the tile's hi/lo rows over all of K. Rows past `rows` keep stale bytes: they feed only columns
+      // whose outputs are dropped.
+      const int chunks = rows * 2 * steps * 2;
+      for (int c = tid; c < chunks; c += kThreads) {
+        const int kc = c & 1, ks = (c >> 1) % steps, n = (c >> 1) / steps;
+        const int src_row = kFc1 ? p.sorted_tok[row0 + (n >> 1)] : row0 + (n >> 1);
+        cp_async16(bsm + ks * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16,
+                   p.xq + size_t(src_row) * 2 * Kp + (n & 1) * Kp + ks * 32 + kc * 16);
       }
-      const uint32_t db = d0 + 4 * s * (kStepBytes >> 4);
-      if (wn == 0) mma4(reinterpret_cast<float(&)[4]>(acc), f, db);
-      else if (wn == 1) mma4(reinterpret_cast<float(&)[8]>(acc), f, db);
-      else mma4(acc, f, db);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();  // every thread's copies have landed before any zeros go over them
+      // Groups past G in the last segment: their A is zero, so B must be finite there (zeros).
+      const int tail = G - 4 * (S - 1);
+      if (tail < 4)
+        for (int c = tid; c < 4 * 2 * rows * 2 * (4 - tail); c += kThreads) {
+          const int tt = tail + c % (4 - tail), r = c / (4 - tail);
+          const int kc = r & 1, n = (r >> 1) % (2 * rows), q = (r >> 1) / (2 * rows);
+          *reinterpret_cast<uint32_t*>(bsm + (steps - 4 + q) * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16 +
+                                       4 * tt) = 0;
+        }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
     }
-  }
 
-  if (live) epilogue<kFc1>(p, acc, epilogue_in<kFc1, 4>(p, e, row0, rows, rA, t), row0, rows, rA, smaxA, smaxB, t);
+    // The MMA only as wide as the tile's tokens (2 columns a token): n8 up to 4, n16 up to 8, else n32 (wn 0 /
+    // 1 / 2, uniform). Each segment's MMAs are waited for before the next one's conversion: their latency is
+    // the loop's.
+    const int wn = rows <= 4 ? 0 : rows <= 8 ? 1 : 2;
+    float acc[16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) acc[j] = 0.f;
+    const uint32_t d0 = b_desc_lo(smem_addr(bsm));
+    for (int s0 = 0; s0 < Sp; s0 += kU) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int s = s0 + u;
+        const uint4 xa = wa[u], xb = wb[u];
+        const uint32_t ua = sa[u], ub = sb[u];
+        // The ring position kU on: this item's, or past its end the next item's first segments.
+        const bool here = s + kU < Sp;
+        load(here ? cur : nxt, here ? s + kU : s + kU - Sp, u);
+        if (s >= S) continue;  // uniform: an empty position at the item's end
+        uint32_t la, ha, lb, hb;
+        scale_luts(ua, smax & 0xFF, la, ha);
+        scale_luts(ub, smax >> 8, lb, hb);
+        const uint32_t A[4] = {xa.x, xa.y, xa.z, xa.w}, B[4] = {xb.x, xb.y, xb.z, xb.w};
+        uint32_t f[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          e2m1x8_scaled(A[q], la, ha, f[q][0], f[q][2]);
+          e2m1x8_scaled(B[q], lb, hb, f[q][1], f[q][3]);
+        }
+        const uint32_t db = d0 + 4 * s * (kStepBytes >> 4);
+        if (wn == 0) mma4(reinterpret_cast<float(&)[4]>(acc), f, db);
+        else if (wn == 1) mma4(reinterpret_cast<float(&)[8]>(acc), f, db);
+        else mma4(acc, f, db);
+      }
+    }
+
+    const uint32_t nsmax = smax_of(nxt);  // its latency under the epilogue's
+    if (rA < p.N) epilogue<kFc1>(p, acc, epilogue_in<kFc1, 4>(p, size_t(cur), row0, rows, t), row0, rows, rA, smax & 0xFF, smax >> 8, t);
+    cur = nxt;
+    smax = nsmax;
+  }
 #endif
 }
 
@@ -571,9 +597,9 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       const int lr = c * 64 + 16 * warp + 2 * g, rA = R0 + lr;
       if (rA < p.N) {
         const uint32_t sa = smax_s[j & 1][lr], sb = smax_s[j & 1][lr + 1];
-        epilogue<kFc1>(p, acc0, epilogue_in<kFc1, kN0 / 8>(p, e, row0, min(rows, 64), rA, t), row0, min(rows, 64), rA, sa, sb, t);
+        epilogue<kFc1>(p, acc0, epilogue_in<kFc1, kN0 / 8>(p, size_t(e) * p.N + rA, row0, min(rows, 64), t), row0, min(rows, 64), rA, sa, sb, t);
         if constexpr (kN1 > 0)
-          epilogue<kFc1>(p, acc1, epilogue_in<kFc1, kN1 / 8>(p, e, row0 + 64, rows - 64, rA, t), row0 + 64, rows - 64, rA, sa, sb, t);
+          epilogue<kFc1>(p, acc1, epilogue_in<kFc1, kN1 / 8>(p, size_t(e) * p.N + rA, row0 + 64, rows - 64, t), row0 + 64, rows - 64, rA, sa, sb, t);
       }
     };
     using N0 = std::integral_constant<int, 0>;
@@ -632,7 +658,9 @@ int sparse_cta_warpgroups(int N) {
 template <bool kFc1, int kWg>
 void launch_sparse(const MoeGemmPrefillParams& p, size_t smem, cudaStream_t s) {
   constexpr int rows = kWg * 64;
-  moe_fp8_k<kFc1, kWg><<<dim3(p.max_tiles, (p.N + rows - 1) / rows), kWg * 128, smem, s>>>(p);
+  const int items = p.max_tiles * ((p.N + rows - 1) / rows);  // at most: the tile count is on the device
+  const int ctas = p.max_ctas > 0 ? p.max_ctas : device_sm_count() * (4 / kWg);
+  moe_fp8_k<kFc1, kWg><<<std::min(items, ctas), kWg * 128, smem, s>>>(p);
 }
 
 template <bool kFc1>

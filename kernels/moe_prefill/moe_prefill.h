@@ -71,7 +71,7 @@ struct MoeGemmPrefillParams {
   const int32_t* num_tiles = nullptr;
   int max_tiles = 0;
   int tile_rows = kMoeTileRowsPrefill;  // as the route's: picks the kernel's tile height
-  int max_ctas = 0;  // FP8 prefill tiles: the persistent grid's CTAs (0: one an SM; tests take fewer)
+  int max_ctas = 0;  // FP8: the persistent grid's CTAs (0: as many as the SMs hold; tests take fewer)
   uint16_t* act = nullptr;          // FC1 out: bf16 [T*k, N/2] (sorted rows)
   float* y_slot = nullptr;          // FC2 out: fp32 [T*k, N] indexed by slot
   int N = 0, K = 0;                 // FC1: N = 5760, K = 2880; FC2: N = 2880, K = 2880

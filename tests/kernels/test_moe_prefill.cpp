@@ -30,7 +30,7 @@ T* dev(size_t n, int fill = 0xff) {
 // fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16- or 128-row tiles.
 // wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
 // row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
-// ctas: the FP8 128-row kernel's persistent grid, fewer CTAs than SMs so each walks many items.
+// ctas: the FP8 kernels' persistent grid, fewer CTAs than SMs so each walks many items.
 struct Case { int T, E, H, I; bool skewed; int tile_rows = 0; bool fp8 = false; bool wide_scales = false; int ctas = 0; };
 
 // The FP8 operands' k order: moe_fp8_value inverts moe_fp8_pos (exact, both ways, over 512 segments).
@@ -209,6 +209,12 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{37, 8, 384, 1440, false, 16, true},  // 45 groups (odd): TP=2's FC2
                                            Case{9, 16, 256, 96, false, 16, true},  // 3 groups, a partial CTA
                                            Case{9, 8, 2880, 2880, false, 16, true, true},
+                                           // sparse tiles on a few persistent CTAs: items across tiles, the
+                                           // weight ring into the next item (S = 1 < kU in FC2 of the last)
+                                           Case{24, 32, 2880, 2880, false, 16, true, false, 3},
+                                           Case{65, 32, 256, 320, false, 16, true, false, 5},
+                                           Case{37, 8, 384, 1440, false, 16, true, false, 4},
+                                           Case{9, 16, 256, 96, false, 16, true, false, 2},
                                            // prefill tiles (128 rows: two sub-tiles of 64)
                                            Case{333, 128, 128, 128, true, 128, true},
                                            Case{65, 32, 256, 320, false, 128, true},
