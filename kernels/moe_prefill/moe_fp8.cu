@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
   const int G = p.K / 32, S = (G + 3) / 4, Kp = 128 * S, steps = 4 * S;
   const int Sp = (S + kU - 1) / kU * kU;  // an item's ring positions: whole blocks of kU, the last ones empty
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  // A row g of this warp is weight row rA, row g + 8 is rA + 1: FC1's gate / linear pair.
+  // A row g of this warp is the slice's weight row r_in, row g + 8 is r_in + 1: FC1's gate / linear pair.
   const int r_in = 16 * warp + 2 * g;
   // Item i's first weight row of this thread, as an index over all experts' rows (e * N + row).
   auto item_row = [&](int i) {
