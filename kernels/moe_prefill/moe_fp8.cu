@@ -357,18 +357,21 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 // while the consumers drain the last item's MMAs and write its outputs. Every global read is whole
 // sectors (B: 8 lanes a row's 128 bytes; weights: 2 lanes a 32-byte pair of groups): 16-byte pieces
 // of sectors had L2 at its limit (docs/perf.md, session 30).
-[[maybe_unused]] constexpr int kWRows = 128, kWProd = 256, kWThreads = kWProd + 256, kWStages = 3, kWRaw = 3;
-[[maybe_unused]] constexpr int kWSub = kMoeTileRowsFp8Wide / 64;  // token sub-tiles of 64 (one n128 MMA each)
+[[maybe_unused]] constexpr int kWRows = 128, kWProd = 256, kWThreads = kWProd + 256, kWRaw = 3;
 [[maybe_unused]] constexpr int kWStepA = 64 * 32;        // one k32 step of an m64 block (2 KB)
 [[maybe_unused]] constexpr int kWSegA = kWRows * 128;    // e4m3 weights of a 128-value segment (16 KB)
 [[maybe_unused]] constexpr int kWStepB = 128 * 32;       // a sub-tile's 128 columns x k32 (4 KB)
-[[maybe_unused]] constexpr int kWStage = kWSegA + kWSub * 4 * kWStepB;  // 48 KB
+// kSub token sub-tiles of 64 (one n128 MMA each): 2 for 128-row tiles (48 KB stages, 3 of them), 1 for
+// 64-row tiles, whose 32 KB stages fit 5: the deeper ring hides B's L2 round trip (docs/perf.md, session 54).
+template <int kSub> constexpr int kWStages = kSub == 1 ? 5 : 3;
+template <int kSub> constexpr int kWStage = kWSegA + kSub * 4 * kWStepB;
 [[maybe_unused]] constexpr int kWRawSeg = kWRows * 64;   // MXFP4 of a segment (8 KB)
 // The CTA's scales, copied whole (128 rows x K / 32 bytes, contiguous in the checkpoint) from the 16-byte
 // boundary below them.
 __host__ __device__ inline size_t wide_scale_bytes(int K) { return (size_t(kWRows) * (K / 32) + 31) / 16 * 16; }
+template <int kSub>
 __host__ __device__ inline size_t wide_smem_bytes(int K) {
-  return 1024 + size_t(kWStages) * kWStage + size_t(kWRaw) * kWRawSeg + 4 * kWProd + wide_scale_bytes(K);
+  return 1024 + size_t(kWStages<kSub>) * kWStage<kSub> + size_t(kWRaw) * kWRawSeg + 4 * kWProd + wide_scale_bytes(K);
 }
 
 [[maybe_unused]] __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
@@ -428,23 +431,24 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t d
 }
 #endif
 
-template <bool kFc1>
+template <bool kFc1, int kSub>
 __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
+  constexpr int kStages = kWStages<kSub>, kStage = kWStage<kSub>, kTileRows = 64 * kSub;
   extern __shared__ __align__(128) uint8_t sm_raw[];
   uint8_t* sm = sm_raw + ((1024 - (smem_addr(sm_raw) & 1023)) & 1023);  // the swizzle's atoms: 1 KB aligned
   // full / empty: the stages; epi: a consumer's epilogue of the item before last is done (smax_s free).
-  __shared__ __align__(8) uint64_t full[kWStages], empty[kWStages], epi[2];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages], epi[2];
   __shared__ uint8_t smax_s[2][kWRows];  // per item parity: the rows' largest scales, for the epilogue
   const int nt = *p.num_tiles, slices = (p.N + kWRows - 1) / kWRows, items = nt * slices;
   if (int(blockIdx.x) >= items) return;
   const int G = p.K / 32, S = (G + 3) / 4;  // xq rows: hi, lo of 128 S bytes each
   const int tid = threadIdx.x;
-  uint8_t* raw = sm + kWStages * kWStage;
+  uint8_t* raw = sm + kStages * kStage;
   // The item's B rows: where a column's bytes start in xq, in 128-byte units (-1: zeros).
   int* brow_s = reinterpret_cast<int*>(raw + kWRaw * kWRawSeg);
   uint8_t* slab = raw + kWRaw * kWRawSeg + 4 * kWProd;
-  if (tid < kWStages) {
+  if (tid < kStages) {
     mbar_init(&full[tid], 2 * kWProd);  // each producer thread: its copies, then its stores
     mbar_init(&empty[tid], 256);  // the consumers' 256 threads
   }
@@ -460,7 +464,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
     for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
       const int tile = item % nt, R0 = (item / nt) * kWRows, nrows = min(kWRows, p.N - R0);
       const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-      const int rows = min(kMoeTileRowsFp8Wide, p.offsets[e + 1] - row0);
+      const int rows = min(kTileRows, p.offsets[e + 1] - row0);
       if (j > 0) asm volatile("bar.sync 1, %0;" ::"n"(kWProd) : "memory");  // the last item's slab reads are done
       const uint8_t* sc0 = p.scales + (size_t(e) * p.N + R0) * G;
       const int mis = int(reinterpret_cast<uintptr_t>(sc0) & 15);
@@ -503,9 +507,9 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       const int mb = lr >> 6, r = lr & 63, m = 16 * (r >> 4) + ((r & 15) >> 1) + 8 * (r & 1), asw = m & 7;
       const int adst = mb * 4 * kWStepA + (m >> 3) * 1024 + (m & 7) * 128 + 8 * hh;
       for (int s = 0; s < S; ++s, ++it) {
-        const int slot = it % kWStages;
-        uint8_t* st = sm + slot * kWStage;
-        if (it >= kWStages) mbar_wait(&empty[slot], (it / kWStages - 1) & 1);
+        const int slot = it % kStages;
+        uint8_t* st = sm + slot * kStage;
+        if (it >= kStages) mbar_wait(&empty[slot], (it / kStages - 1) & 1);
         if (bcopy) {
           const int4 r0 = *reinterpret_cast<const int4*>(brow_s + bg), r1 = *reinterpret_cast<const int4*>(brow_s + bg + 4);
           const int br[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};  // rows c = column bcol & ~7 | c
@@ -562,7 +566,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
   for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
     const int tile = item % nt, R0 = (item / nt) * kWRows;
     const int e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-    const int rows = min(kMoeTileRowsFp8Wide, p.offsets[e + 1] - row0);
+    const int rows = min(kTileRows, p.offsets[e + 1] - row0);
     // Each pair of MMA widths has its own copy of the item (accumulators included): wgmma keeps its
     // accumulators only where no other instruction touches them inside the pipeline.
     // The widths: kN0 columns of the first 64-token sub-tile, kN1 of the second (0: none), each
@@ -577,11 +581,11 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
 #pragma unroll
         for (int i = 0; i < kN1 / 2; ++i) acc1[i] = 0.f;
       for (int s = 0; s < S; ++s, ++it) {
-        const int slot = it % kWStages;
-        mbar_wait(&full[slot], (it / kWStages) & 1);
+        const int slot = it % kStages;
+        mbar_wait(&full[slot], (it / kStages) & 1);
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, to the MMAs' proxy
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-        const uint32_t st = base + slot * kWStage;
+        const uint32_t st = base + slot * kStage;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint64_t da = sw128_desc(st + c * 4 * kWStepA + 32 * q);
@@ -590,10 +594,10 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        if (s > 0) mbar_arrive(&empty[(it - 1) % kWStages]);
+        if (s > 0) mbar_arrive(&empty[(it - 1) % kStages]);
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      mbar_arrive(&empty[(it - 1) % kWStages]);  // the producer fills it for the next item meanwhile
+      mbar_arrive(&empty[(it - 1) % kStages]);  // the producer fills it for the next item meanwhile
       const int lr = c * 64 + 16 * warp + 2 * g, rA = R0 + lr;
       if (rA < p.N) {
         const uint32_t sa = smax_s[j & 1][lr], sb = smax_s[j & 1][lr + 1];
@@ -609,7 +613,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
     using N128 = std::integral_constant<int, 128>;
     if (rows <= 32) run(N64{}, N0{});
     else if (rows <= 48) run(N96{}, N0{});
-    else if (rows <= 64) run(N128{}, N0{});
+    else if (kSub == 1 || rows <= 64) run(N128{}, N0{});
     else if (rows <= 80) run(N128{}, N32{});
     else if (rows <= 96) run(N128{}, N64{});
     else run(N128{}, N128{});
@@ -663,6 +667,14 @@ void launch_sparse(const MoeGemmPrefillParams& p, size_t smem, cudaStream_t s) {
   moe_fp8_k<kFc1, kWg><<<std::min(items, ctas), kWg * 128, smem, s>>>(p);
 }
 
+template <bool kFc1, int kSub>
+void launch_wide(const MoeGemmPrefillParams& p, int most, cudaStream_t s) {
+  const size_t smem = wide_smem_bytes<kSub>(p.K);
+  if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
+  const int items = p.max_tiles * ((p.N + kWRows - 1) / kWRows);  // at most: the tile count is on the device
+  moe_fp8_wide_k<kFc1, kSub><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : device_sm_count()), kWThreads, smem, s>>>(p);
+}
+
 template <bool kFc1>
 void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.max_tiles <= 0) return;
@@ -673,7 +685,8 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   once_per_device(ready, [most] {
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-    MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
+    MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
+    MX_CUDA(cudaFuncSetAttribute(moe_fp8_wide_k<kFc1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, most - 1024));
   });
   if (!p.row_smax) throw_error("moe fp8: needs the rows' largest scales (moe_row_max_scale)");
   if (p.tile_rows == kMoeTileRowsSparse) {
@@ -681,12 +694,11 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
     if (sparse_cta_warpgroups(p.N) == 4) launch_sparse<kFc1, 4>(p, smem, s);
     else launch_sparse<kFc1, 2>(p, smem, s);
   } else if (p.tile_rows == kMoeTileRowsFp8Wide) {
-    const size_t smem = wide_smem_bytes(p.K);
-    if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
-    const int items = p.max_tiles * ((p.N + kWRows - 1) / kWRows);  // at most: the tile count is on the device
-    moe_fp8_wide_k<kFc1><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : device_sm_count()), kWThreads, smem, s>>>(p);
+    launch_wide<kFc1, 2>(p, most, s);
+  } else if (p.tile_rows == kMoeTileRowsFp8Narrow) {
+    launch_wide<kFc1, 1>(p, most, s);
   } else {
-    throw_error("moe fp8: tiles of 16 or 128 rows");
+    throw_error("moe fp8: tiles of 16, 64 or 128 rows");
   }
   MX_CUDA(cudaGetLastError());
 }

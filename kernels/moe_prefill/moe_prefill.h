@@ -1,7 +1,7 @@
 // Grouped MoE for prefill (many tokens) on MXFP4 experts.
 //  1. moe_route_prefill: top-k choices -> per-expert contiguous lists (deterministic counting sort:
 //     within an expert, entries keep (token, slot) order) + a tile list of (expert, row0), tiles of
-//     64 rows (prefill; 128 on the FP8 path) or 16 (wide decode steps: moe_prefill_tile_rows).
+//     64 rows (prefill; 64 or 128 on the FP8 path) or 16 (wide decode steps: moe_prefill_tile_rows).
 //  2. moe_fc1_prefill: act[r] = SwiGLU(W1[e] . x[tok[r]] + b1[e]) for sorted rows r; bf16 tensor cores
 //     (mma.sync), MXFP4 dequantized in registers (weights are never expanded in memory). K % 64 == 0.
 //  3. moe_fc2_prefill: y_slot[slot[r]] = gate[r] * (W2[e] . act[r] + b2[e])   (fp32, one row per (token, slot))
@@ -16,12 +16,15 @@ namespace mx::cuda {
 // Sorted rows are cut into tiles of one expert. Prefill tiles hold 64 rows (128 on the FP8 path, which
 // converts an expert's weights once a tile); a wide decode step gives most experts a few rows, and there
 // 16-row tiles stream the weights with far less token staging.
-constexpr int kMoeTileRowsPrefill = 64, kMoeTileRowsSparse = 16, kMoeTileRowsFp8Wide = 128;
+// The FP8 path's 64-row tiles (one token sub-tile) run a deeper stage ring than its 128-row tiles.
+constexpr int kMoeTileRowsPrefill = 64, kMoeTileRowsSparse = 16, kMoeTileRowsFp8Wide = 128, kMoeTileRowsFp8Narrow = 64;
 constexpr int kMoeSparseRowsPerExpert = 16;  // the average rows an expert gets, up to which tiles are sparse
+constexpr int kMoeFp8NarrowRowsPerExpert = 48;  // ... up to which FP8 tiles hold 64 rows
 
 inline int moe_prefill_tile_rows(int T, int k, int E, bool fp8 = false) {
   if (T * k <= kMoeSparseRowsPerExpert * E) return kMoeTileRowsSparse;
-  return fp8 ? kMoeTileRowsFp8Wide : kMoeTileRowsPrefill;
+  if (!fp8) return kMoeTileRowsPrefill;
+  return T * k <= kMoeFp8NarrowRowsPerExpert * E ? kMoeTileRowsFp8Narrow : kMoeTileRowsFp8Wide;
 }
 // Tiles of a T-token step: at most T*k/rows + E (each expert's last tile may be partial).
 inline int moe_prefill_max_tiles(int T, int k, int E, bool fp8 = false) {
@@ -51,7 +54,7 @@ struct MoeRouteParams {
   int32_t* tile_row0 = nullptr;  // [max_tiles] first sorted row of the tile
   int32_t* num_tiles = nullptr;  // [1]
   int max_tiles = 0;
-  int tile_rows = kMoeTileRowsPrefill;  // kMoeTileRowsPrefill, kMoeTileRowsFp8Wide or kMoeTileRowsSparse
+  int tile_rows = kMoeTileRowsPrefill;  // kMoeTileRowsPrefill (= kMoeTileRowsFp8Narrow), kMoeTileRowsFp8Wide or kMoeTileRowsSparse
   // Expert parallelism: tiles only for experts [expert_lo, expert_hi), whose weights this GPU holds.
   int expert_lo = 0, expert_hi = 1 << 30;
 };
@@ -93,7 +96,7 @@ void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H,
 // ---- Wide steps on FP8 tensor cores (sm_90a wgmma; moe_fp8.cu has the why) ----
 // Operands are e4m3 hi/lo rows: x 2^xs = hi + lo, the hi row then the lo row, each moe_fp8_kpad(K)
 // bytes with value v at moe_fp8_pos(v) (the k order the kernel's A fragments take), zeros past K.
-// Tiles of kMoeTileRowsSparse or kMoeTileRowsFp8Wide rows (moe_prefill_tile_rows(T, k, E, true)).
+// Tiles of kMoeTileRowsSparse, kMoeTileRowsFp8Narrow or kMoeTileRowsFp8Wide rows (moe_prefill_tile_rows(T, k, E, true)).
 constexpr float kMoeFp8ActScale = 4.f;  // FC2's operand: |SwiGLU| <= limit * (limit + 1) = 56 -> 224 < 448
 __host__ __device__ inline int moe_fp8_kpad(int K) { return (K + 127) / 128 * 128; }
 __host__ __device__ inline int moe_fp8_pos(int v) {

@@ -26,8 +26,8 @@ T* dev(size_t n, int fill = 0xff) {
   return d;
 }
 
-// tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64 (bf16) or 128 (fp8).
-// fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16- or 128-row tiles.
+// tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64 (bf16) or 16, 64 or 128 (fp8).
+// fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16-, 64- or 128-row tiles.
 // wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
 // row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
 // ctas: the FP8 kernels' persistent grid, fewer CTAs than SMs so each walks many items.
@@ -228,7 +228,15 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            // a few persistent CTAs, many items each (S = 1 in FC2 of the last)
                                            Case{300, 4, 256, 1440, false, 128, true, false, 3},
                                            Case{37, 8, 384, 2880, false, 128, true, false, 5},
-                                           Case{200, 16, 256, 96, false, 128, true, false, 2}));
+                                           Case{200, 16, 256, 96, false, 128, true, false, 2},
+                                           // 64-row tiles (one sub-tile, the deeper ring): tiles of <= 32,
+                                           // 48 and 64 rows, experts split over tiles, few CTAs
+                                           Case{100, 8, 256, 320, false, 64, true},
+                                           Case{180, 8, 256, 320, false, 64, true},
+                                           Case{333, 128, 128, 128, true, 64, true},
+                                           Case{37, 8, 384, 2880, false, 64, true},
+                                           Case{300, 4, 256, 1440, false, 64, true, false, 3},
+                                           Case{200, 16, 256, 96, false, 64, true, false, 2}));
 
 }  // namespace
 }  // namespace mx::cuda
