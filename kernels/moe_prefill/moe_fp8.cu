@@ -343,11 +343,11 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 #endif
 }
 
-// ---- Prefill tiles (up to 128 rows): the shape of a Hopper GEMM ----
+// ---- Prefill tiles (64 or 128 rows): the shape of a Hopper GEMM ----
 // Two producer warpgroups (registers moved to the consumers with setmaxnreg) turn the MXFP4 weights of
 // 128 rows into e4m3 in shared memory (raw bytes in through cp.async kWRaw segments ahead, scales folded
 // as above, the k order of moe_fp8_pos; a thread has half a row) and copy B (up to 128 tokens x hi/lo:
-// two sub-tiles of 128 columns) beside them; two consumer warpgroups, one m64 block of weight rows
+// two sub-tiles of 128 columns; one for 64-row tiles) beside them; two consumer warpgroups, one m64 block of weight rows
 // each, run wgmma with both operands in shared memory over both sub-tiles (the second only when the
 // tile has more than 64 rows; each MMA only as wide as the sub-tile's tokens), so an expert's weights
 // are converted once for up to 128 of its tokens.
@@ -361,8 +361,8 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 [[maybe_unused]] constexpr int kWStepA = 64 * 32;        // one k32 step of an m64 block (2 KB)
 [[maybe_unused]] constexpr int kWSegA = kWRows * 128;    // e4m3 weights of a 128-value segment (16 KB)
 [[maybe_unused]] constexpr int kWStepB = 128 * 32;       // a sub-tile's 128 columns x k32 (4 KB)
-// kSub token sub-tiles of 64 (one n128 MMA each): 2 for 128-row tiles (48 KB stages, 3 of them), 1 for
-// 64-row tiles, whose 32 KB stages fit 5: the deeper ring hides B's L2 round trip (docs/perf.md, session 54).
+// kSub token sub-tiles of 64 (one n128 MMA each): 2 for 128-row tiles (48 KB stages, 3 fit), 1 for 64-row
+// tiles (32 KB stages, 5 fit: a step of up to kMoeFp8NarrowRowsPerExpert rows an expert runs faster so).
 template <int kSub> constexpr int kWStages = kSub == 1 ? 5 : 3;
 template <int kSub> constexpr int kWStage = kWSegA + kSub * 4 * kWStepB;
 [[maybe_unused]] constexpr int kWRawSeg = kWRows * 64;   // MXFP4 of a segment (8 KB)
