@@ -365,6 +365,10 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 // tiles (32 KB stages, 5 fit: a step of up to kMoeFp8NarrowRowsPerExpert rows an expert runs faster so).
 template <int kSub> constexpr int kWStages = kSub == 1 ? 5 : 3;
 template <int kSub> constexpr int kWStage = kWSegA + kSub * 4 * kWStepB;
+// 64-row tiles: a third warpgroup copies B, so the converters' loop is conversion only; their consumers'
+// accumulators (n128 at most) leave room for its registers.
+template <int kSub> constexpr int kWCopy = kSub == 1 ? 128 : 0;
+template <int kSub> constexpr int kWConsumerRegs = kSub == 1 ? 136 : 184;
 [[maybe_unused]] constexpr int kWRawSeg = kWRows * 64;   // MXFP4 of a segment (8 KB)
 // The CTA's scales, copied whole (128 rows x K / 32 bytes, contiguous in the checkpoint) from the 16-byte
 // boundary below them.
@@ -432,9 +436,9 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t d
 #endif
 
 template <bool kFc1, int kSub>
-__global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
+__global__ void __launch_bounds__(kWThreads + kWCopy<kSub>, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
-  constexpr int kStages = kWStages<kSub>, kStage = kWStage<kSub>, kTileRows = 64 * kSub;
+  constexpr int kStages = kWStages<kSub>, kStage = kWStage<kSub>, kTileRows = 64 * kSub, kCopy = kWCopy<kSub>;
   extern __shared__ __align__(128) uint8_t sm_raw[];
   uint8_t* sm = sm_raw + ((1024 - (smem_addr(sm_raw) & 1023)) & 1023);  // the swizzle's atoms: 1 KB aligned
   // full / empty: the stages; epi: a consumer's epilogue of the item before last is done (smax_s free).
@@ -449,7 +453,8 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
   int* brow_s = reinterpret_cast<int*>(raw + kWRaw * kWRawSeg);
   uint8_t* slab = raw + kWRaw * kWRawSeg + 4 * kWProd;
   if (tid < kStages) {
-    mbar_init(&full[tid], 2 * kWProd);  // each producer thread: its copies, then its stores
+    // each converter: its B copies (without a copier), then its stores; each copier thread: its copies
+    mbar_init(&full[tid], (kCopy ? 1 : 2) * kWProd + kCopy);
     mbar_init(&empty[tid], 256);  // the consumers' 256 threads
   }
   if (tid < 2) mbar_init(&epi[tid], 256);
@@ -476,9 +481,11 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
       // past the tile's are not copied (nor a second sub-tile the tile does not reach): their stale bytes
       // feed only output columns the epilogue drops.
       const int bu = pt >> 7, bcol = pt & 127, tok = 64 * bu + (bcol >> 1);
-      const bool bvalid = tok < rows, bcopy = bu == 0 || rows > 64;
-      const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
-      brow_s[pt] = bvalid ? (2 * src_row + (bcol & 1)) * S : -1;  // read by its group's 8 lanes, after the barrier
+      const bool bvalid = tok < rows, bcopy = kCopy == 0 && (bu == 0 || rows > 64);
+      if constexpr (kCopy == 0) {
+        const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
+        brow_s[pt] = bvalid ? (2 * src_row + (bcol & 1)) * S : -1;  // read by its group's 8 lanes, after the barrier
+      }
       // A group of 8 lanes copies its 8 B rows one at a time, lane ch the row's 16-byte chunk ch: each
       // row's 128 bytes in one request (a row a thread read 16-byte halves of 32-byte sectors).
       const int bg = pt & ~7, bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 1024;
@@ -517,7 +524,7 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
           for (int c = 0; c < 8; ++c)
             if (br[c] >= 0) cp_async16(st + bdst + c * 128 + (((pt & 7) ^ c) << 4), bbase + (size_t(br[c] + s) << 7));
         }
-        mbar_arrive_copies(&full[slot]);
+        if constexpr (kCopy == 0) mbar_arrive_copies(&full[slot]);
         copy_raw(s + kWRaw - 1);
         cp_async_wait<kWRaw - 1>();  // this thread's raw weights of segment s have landed
         __syncwarp();  // and its partner's (half of the chunks read below)
@@ -558,9 +565,40 @@ __global__ void __launch_bounds__(kWThreads, 1) moe_fp8_wide_k(MoeGemmPrefillPar
     return;
   }
 
+  if constexpr (kCopy > 0) {
+    if (tid < kWProd + kCopy) {  // ---- copier: B column ct (token ct / 2's hi or lo row) ----
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;");
+      const int ct = tid - kWProd, bdst = kWSegA + (ct >> 3) * 1024;
+      const uint8_t* bbase = p.xq + (ct & 7) * 16;
+      int it = 0;
+      for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
+        const int tile = item % nt, e = p.tile_expert[tile], row0 = p.tile_row0[tile];
+        const int rows = min(kTileRows, p.offsets[e + 1] - row0), tok = ct >> 1;
+        const int src_row = tok >= rows ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
+        if (j > 0) asm volatile("bar.sync 2, %0;" ::"n"(kCopy) : "memory");  // the last item's rows are read
+        brow_s[ct] = tok < rows ? (2 * src_row + (ct & 1)) * S : -1;
+        asm volatile("bar.sync 2, %0;" ::"n"(kCopy) : "memory");
+        // As the converters' copies without a copier: 8 lanes a row's 128 bytes, the group's 8 rows in turn.
+        const int4 r0 = *reinterpret_cast<const int4*>(brow_s + (ct & ~7)), r1 = *reinterpret_cast<const int4*>(brow_s + (ct & ~7) + 4);
+        const int br[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+        for (int s = 0; s < S; ++s, ++it) {
+          const int slot = it % kStages;
+          uint8_t* st = sm + slot * kStage;
+          if (it >= kStages) mbar_wait(&empty[slot], (it / kStages - 1) & 1);
+#pragma unroll
+          for (int c = 0; c < 8; ++c)
+            if (br[c] >= 0) cp_async16(st + bdst + c * 128 + (((ct & 7) ^ c) << 4), bbase + (size_t(br[c] + s) << 7));
+          mbar_arrive_copies(&full[slot]);
+        }
+      }
+      cp_async_wait<0>();
+      return;
+    }
+  }
+
   // ---- consumers: warpgroup c has m64 block c, over one or two token sub-tiles ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 184;");
-  const int c = (tid - kWProd) >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kWConsumerRegs<kSub>));
+  const int c = (tid - kWProd - kCopy) >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const uint32_t base = smem_addr(sm);
   int it = 0;  // segments consumed, as the producer counts them
   for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
@@ -672,7 +710,7 @@ void launch_wide(const MoeGemmPrefillParams& p, int most, cudaStream_t s) {
   const size_t smem = wide_smem_bytes<kSub>(p.K);
   if (smem > size_t(most - 1024)) throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
   const int items = p.max_tiles * ((p.N + kWRows - 1) / kWRows);  // at most: the tile count is on the device
-  moe_fp8_wide_k<kFc1, kSub><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : device_sm_count()), kWThreads, smem, s>>>(p);
+  moe_fp8_wide_k<kFc1, kSub><<<std::min(items, p.max_ctas > 0 ? p.max_ctas : device_sm_count()), kWThreads + kWCopy<kSub>, smem, s>>>(p);
 }
 
 template <bool kFc1>
