@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 // Two producer warpgroups (registers moved to the consumers with setmaxnreg) turn the MXFP4 weights of
 // 128 rows into e4m3 in shared memory (raw bytes in through cp.async kWRaw segments ahead, scales folded
 // as above, the k order of moe_fp8_pos; a thread has half a row) and copy B (up to 128 tokens x hi/lo:
-// two sub-tiles of 128 columns; one for 64-row tiles) beside them; two consumer warpgroups, one m64 block of weight rows
+// two sub-tiles of 128 columns; for 64-row tiles one, copied by a third warpgroup) beside them; two consumer warpgroups, one m64 block of weight rows
 // each, run wgmma with both operands in shared memory over both sub-tiles (the second only when the
 // tile has more than 64 rows; each MMA only as wide as the sub-tile's tokens), so an expert's weights
 // are converted once for up to 128 of its tokens.
