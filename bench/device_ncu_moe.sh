@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute on the prefill MoE (moe_fp8_wide_k: the first layer's FC1 and FC2) of one prefill step on
 # dummy full-size weights (GPU machine, from the repo root). The CUDA code is built with -lineinfo
-# (kernels/CMakeLists.txt), so the source page puts the stalls on lines of moe_fp8.cu.
+# (kernels/CMakeLists.txt), so the source page puts the stalls on lines of moe_fp8_wide.cu (moe_fp8_sparse.cu).
 # Usage: OUT=dir [MXSERVE=build/cli/mxserve] [PRESET=120b] [PP=2048] bash bench/device_ncu_moe.sh
 # The sparse kernel of a wide decode step (moe_fp8_k: a 16-token pp step's 72 launches twice, then the
 # first decode step's first layer): KERNEL=moe_fp8_k SKIP=144 PP=16 TG=2 BATCH=128.

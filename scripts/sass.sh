@@ -3,7 +3,7 @@
 # Debian's non-free nvidia-cuda-toolkit (11.8) has an nvdisasm that reads a CUDA 13 sm_90a cubin once the
 # ELF header carries the old ABI's fields (OS/ABI 0x33, ABI version 7, e_flags 0x5a055a); only that binary is
 # kept, in .devdeps/sass/. The cubin is built with the build tree's own compile command for SOURCE.
-# Usage (after `cmake --preset release`): scripts/sass.sh kernels/moe_prefill/moe_fp8.cu 'moe_fp8_kILb1ELi4E'
+# Usage (after `cmake --preset release`): scripts/sass.sh kernels/moe_prefill/moe_fp8_sparse.cu 'moe_fp8_kILb1ELi4E'
 # Out: the kernel's opcode counts (most first), then its SASS in .devdeps/sass/kernel.sass.
 set -euo pipefail
 cd "$(dirname "$0")/.."

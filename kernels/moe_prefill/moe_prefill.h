@@ -93,7 +93,7 @@ void moe_fc2_prefill(const MoeGemmPrefillParams& p, cudaStream_t s);
 void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H, cudaStream_t s,
                          const int32_t* topk_idx = nullptr, int expert_lo = 0, int expert_hi = 1 << 30);
 
-// ---- Wide steps on FP8 tensor cores (sm_90a wgmma; moe_fp8.cu has the why) ----
+// ---- Wide steps on FP8 tensor cores (sm_90a wgmma; moe_fp8_device.cuh has the why) ----
 // Operands are e4m3 hi/lo rows: x 2^xs = hi + lo, the hi row then the lo row, each moe_fp8_kpad(K)
 // bytes with value v at moe_fp8_pos(v) (the k order the kernel's A fragments take), zeros past K.
 // Tiles of kMoeTileRowsSparse, kMoeTileRowsFp8Narrow or kMoeTileRowsFp8Wide rows (moe_prefill_tile_rows(T, k, E, true)).
