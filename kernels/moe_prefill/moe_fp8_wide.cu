@@ -17,9 +17,9 @@ namespace {
 // 128 rows into e4m3 in shared memory (raw bytes in through cp.async kWRaw segments ahead, scales folded
 // as in moe_fp8_device.cuh, the k order of moe_fp8_pos; a thread has half a row) and copy B (up to 128
 // tokens x hi/lo: two sub-tiles of 128 columns; for 64-row tiles one, copied by a third warpgroup) beside
-// them; two consumer warpgroups, one m64 block of weight rows each, run wgmma with both operands in shared memory over both sub-tiles (the second only when the
-// tile has more than 64 rows; each MMA only as wide as the sub-tile's tokens), so an expert's weights
-// are converted once for up to 128 of its tokens.
+// them; two consumer warpgroups, one m64 block of weight rows each, run wgmma with both operands in shared
+// memory over both sub-tiles (the second only when the tile has more than 64 rows; each MMA only as wide
+// as the sub-tile's tokens), so an expert's weights are converted once for up to 128 of its tokens.
 // One segment's MMAs stay in flight behind the next. mbarriers hand the kWStages stages over (full: A
 // stored and B landed; empty: both consumers' MMAs on it done). The grid is persistent (one CTA an SM
 // walks (tile, slice) items): the producer copies the next item's scales and fills its first stages
