@@ -229,7 +229,7 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{300, 4, 256, 1440, false, 128, true, false, 3},
                                            Case{37, 8, 384, 2880, false, 128, true, false, 5},
                                            Case{200, 16, 256, 96, false, 128, true, false, 2},
-                                           // 64-row tiles (one sub-tile, the deeper ring): tiles of <= 32,
+                                           // 64-row tiles (one sub-tile, the B copier): tiles of <= 32,
                                            // 48 and 64 rows, experts split over tiles, few CTAs
                                            Case{100, 8, 256, 320, false, 64, true},
                                            Case{180, 8, 256, 320, false, 64, true},
