@@ -104,6 +104,26 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t da, uint64_t d
 }
 #endif
 
+// B column col (token tok's hi row, col even, or lo row): where its bytes start in xq, in 128-byte units;
+// -1 past the tile's rows.
+template <bool kFc1>
+__device__ __forceinline__ int b_row(const MoeGemmPrefillParams& p, int row0, int rows, int tok, int col, int S) {
+  const int src_row = tok >= rows ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
+  return tok < rows ? (2 * src_row + (col & 1)) * S : -1;
+}
+// A group of 8 lanes copies its 8 B rows' segment s (br: their b_row, -1 not copied; lane ch the row's
+// 16-byte chunk ch: each row's 128 bytes in one request) into dst, 128-byte swizzled.
+__device__ __forceinline__ void copy_b8(uint8_t* dst, const uint8_t* bbase, const int (&br)[8], int s, int lane8) {
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    if (br[c] >= 0) cp_async16(dst + c * 128 + ((lane8 ^ c) << 4), bbase + (size_t(br[c] + s) << 7));
+}
+// The 8 b_row of a lane group, from shared memory (g8: the group's first column).
+__device__ __forceinline__ void b_rows8(const int* brow_s, int g8, int (&br)[8]) {
+  const int4 r0 = *reinterpret_cast<const int4*>(brow_s + g8), r1 = *reinterpret_cast<const int4*>(brow_s + g8 + 4);
+  br[0] = r0.x, br[1] = r0.y, br[2] = r0.z, br[3] = r0.w, br[4] = r1.x, br[5] = r1.y, br[6] = r1.z, br[7] = r1.w;
+}
+
 template <bool kFc1, int kSub>
 __global__ void __launch_bounds__(kWThreads + kWCopy<kSub>, 1) moe_fp8_wide_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
@@ -150,14 +170,11 @@ __global__ void __launch_bounds__(kWThreads + kWCopy<kSub>, 1) moe_fp8_wide_k(Mo
       // past the tile's are not copied (nor a second sub-tile the tile does not reach): their stale bytes
       // feed only output columns the epilogue drops.
       const int bu = pt >> 7, bcol = pt & 127, tok = 64 * bu + (bcol >> 1);
-      const bool bvalid = tok < rows, bcopy = kCopy == 0 && (bu == 0 || rows > 64);
-      if constexpr (kCopy == 0) {
-        const int src_row = !bvalid ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
-        brow_s[pt] = bvalid ? (2 * src_row + (bcol & 1)) * S : -1;  // read by its group's 8 lanes, after the barrier
-      }
-      // A group of 8 lanes copies its 8 B rows one at a time, lane ch the row's 16-byte chunk ch: each
-      // row's 128 bytes in one request (a row a thread read 16-byte halves of 32-byte sectors).
-      const int bg = pt & ~7, bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 1024;
+      const bool bcopy = kCopy == 0 && (bu == 0 || rows > 64);
+      // read by its group's 8 lanes, after the barrier (8 lanes a row: a row a thread read 16-byte halves of
+      // 32-byte sectors)
+      if constexpr (kCopy == 0) brow_s[pt] = b_row<kFc1>(p, row0, rows, tok, bcol, S);
+      const int bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 1024;
       const uint8_t* bbase = p.xq + (pt & 7) * 16;
       // Lanes pt, pt ^ 1 copy a row's chunks 2q, 2q + 1 (one sector), then convert chunks 2hh, 2hh + 1.
       auto copy_raw = [&](int s) {
@@ -187,11 +204,9 @@ __global__ void __launch_bounds__(kWThreads + kWCopy<kSub>, 1) moe_fp8_wide_k(Mo
         uint8_t* st = sm + slot * kStage;
         if (it >= kStages) mbar_wait(&empty[slot], (it / kStages - 1) & 1);
         if (bcopy) {
-          const int4 r0 = *reinterpret_cast<const int4*>(brow_s + bg), r1 = *reinterpret_cast<const int4*>(brow_s + bg + 4);
-          const int br[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};  // rows c = column bcol & ~7 | c
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-            if (br[c] >= 0) cp_async16(st + bdst + c * 128 + (((pt & 7) ^ c) << 4), bbase + (size_t(br[c] + s) << 7));
+          int br[8];
+          b_rows8(brow_s, pt & ~7, br);
+          copy_b8(st + bdst, bbase, br, s, pt & 7);
         }
         if constexpr (kCopy == 0) mbar_arrive_copies(&full[slot]);
         copy_raw(s + kWRaw - 1);
@@ -242,21 +257,18 @@ __global__ void __launch_bounds__(kWThreads + kWCopy<kSub>, 1) moe_fp8_wide_k(Mo
       int it = 0;
       for (int item = blockIdx.x, j = 0; item < items; item += gridDim.x, ++j) {
         const int tile = item % nt, e = p.tile_expert[tile], row0 = p.tile_row0[tile];
-        const int rows = min(kTileRows, p.offsets[e + 1] - row0), tok = ct >> 1;
-        const int src_row = tok >= rows ? 0 : kFc1 ? p.sorted_tok[row0 + tok] : row0 + tok;
+        const int rows = min(kTileRows, p.offsets[e + 1] - row0);
+        const int brow = b_row<kFc1>(p, row0, rows, ct >> 1, ct, S);
         if (j > 0) asm volatile("bar.sync 2, %0;" ::"n"(kCopy) : "memory");  // the last item's rows are read
-        brow_s[ct] = tok < rows ? (2 * src_row + (ct & 1)) * S : -1;
+        brow_s[ct] = brow;
         asm volatile("bar.sync 2, %0;" ::"n"(kCopy) : "memory");
-        // As the converters' copies without a copier: 8 lanes a row's 128 bytes, the group's 8 rows in turn.
-        const int4 r0 = *reinterpret_cast<const int4*>(brow_s + (ct & ~7)), r1 = *reinterpret_cast<const int4*>(brow_s + (ct & ~7) + 4);
-        const int br[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+        int br[8];  // read once an item (the converters' copies without a copier read them each segment)
+        b_rows8(brow_s, ct & ~7, br);
         for (int s = 0; s < S; ++s, ++it) {
           const int slot = it % kStages;
           uint8_t* st = sm + slot * kStage;
           if (it >= kStages) mbar_wait(&empty[slot], (it / kStages - 1) & 1);
-#pragma unroll
-          for (int c = 0; c < 8; ++c)
-            if (br[c] >= 0) cp_async16(st + bdst + c * 128 + (((ct & 7) ^ c) << 4), bbase + (size_t(br[c] + s) << 7));
+          copy_b8(st + bdst, bbase, br, s, ct & 7);
           mbar_arrive_copies(&full[slot]);
         }
       }
