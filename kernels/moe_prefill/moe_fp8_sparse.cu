@@ -11,8 +11,8 @@
 namespace mx::cuda::fp8_moe {
 namespace {
 
-// kWg warpgroups of 64 weight rows over one B staging: 4 (one CTA an SM) where the matrix's rows fill
-// 256-row CTAs, else 2 (two CTAs an SM; sparse_cta_warpgroups); kU segments of weights in flight a thread.
+// kWg warpgroups of 64 weight rows over one B staging: 4 (one CTA an SM) for matrices of more than 256 rows,
+// else 2 (two CTAs an SM; sparse_cta_warpgroups); kU segments of weights in flight a thread.
 [[maybe_unused]] constexpr int kU = 5;
 constexpr int kCols = 2 * kMoeTileRowsSparse;       // B columns: (hi, lo) of 16 tokens
 constexpr int kStepBytes = kCols * 32;              // one k32 step of B: [n/8][k half][n%8][16 bytes]
@@ -182,13 +182,10 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 #endif
 }
 
-// One 256-row CTA an SM stages B and pays the prologue once for twice the rows (docs/perf.md, session
-// 32), unless over 1/32 of its rows would be idle: a 2,880-row matrix (FC2, and FC1 under TP=2) leaves
-// its last CTA a quarter live, which lost 4.4 % at TP=2 b64.
-int sparse_cta_warpgroups(int N) {
-  const int rounded = (N + 255) / 256 * 256;
-  return (rounded - N) * 32 <= rounded ? 4 : 2;
-}
+// One 256-row CTA an SM stages B and pays the prologue once for twice the rows, and leaves L1 the shared
+// memory a second CTA's B would take: on the persistent grid that pays even where the last CTA of a 2,880-row
+// matrix (FC2, and FC1 under TP=2) is a quarter live (docs/perf.md, sessions 32 and 55).
+int sparse_cta_warpgroups(int N) { return N > 256 ? 4 : 2; }
 
 // A sparse CTA: kWg warpgroups, each an m64 block of weight rows.
 template <bool kFc1, int kWg>

@@ -196,7 +196,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoePrefill,
 
 // The FP8 path on the same shape classes: K of 3..90 groups (full and partial 128-value segments:
 // 256, 320, 192, 2880 = 22.5 segments, 1440 = 11.25), N not a multiple of the CTA (256 rows: 5,760 =
-// 22.5 CTAs; 128 rows: sparse_cta_warpgroups picks them for 2,880, 640, 384, 128), 1..16 rows a tile.
+// 22.5 CTAs, 2,880 = 11.25, 640 = 2.5, 384 = 1.5; 128 rows: sparse_cta_warpgroups picks them up to 256 rows:
+// 256, 192, 128), 1..16 rows a tile.
 INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                          ::testing::Values(Case{1, 16, 256, 256, false, 16, true},
                                            Case{7, 32, 256, 320, false, 16, true},
