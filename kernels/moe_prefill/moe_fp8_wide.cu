@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(kWThreads + kWCopy<kSub>, 1) moe_fp8_wide_k(Mo
       // feed only output columns the epilogue drops.
       const int bu = pt >> 7, bcol = pt & 127, tok = 64 * bu + (bcol >> 1);
       const bool bcopy = kCopy == 0 && (bu == 0 || rows > 64);
-      // read by its group's 8 lanes, after the barrier (8 lanes a row: a row a thread read 16-byte halves of
-      // 32-byte sectors)
+      // Its group's 8 lanes read it after the barrier and copy the 8 rows together (copy_b8: a row a thread
+      // read 16-byte halves of 32-byte sectors).
       if constexpr (kCopy == 0) brow_s[pt] = b_row<kFc1>(p, row0, rows, tok, bcol, S);
       const int bdst = kWSegA + bu * 4 * kWStepB + (bcol >> 3) * 1024;
       const uint8_t* bbase = p.xq + (pt & 7) * 16;
