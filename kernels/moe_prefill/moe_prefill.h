@@ -13,10 +13,10 @@
 
 namespace mx::cuda {
 
-// Sorted rows are cut into tiles of one expert. Prefill tiles hold 64 rows (128 on the FP8 path, which
-// converts an expert's weights once a tile); a wide decode step gives most experts a few rows, and there
-// 16-row tiles stream the weights with far less token staging.
-// The FP8 path's 64-row tiles (one token sub-tile) run a deeper stage ring and a B-copy warpgroup.
+// Sorted rows are cut into tiles of one expert. Prefill tiles hold 64 rows (on the FP8 path, which converts
+// an expert's weights once a tile, 128 above kMoeFp8NarrowRowsPerExpert rows an expert; its 64-row tiles, one
+// token sub-tile, run a deeper stage ring and a B-copy warpgroup); a wide decode step gives most experts a
+// few rows, and there 16-row tiles stream the weights with far less token staging.
 constexpr int kMoeTileRowsPrefill = 64, kMoeTileRowsSparse = 16, kMoeTileRowsFp8Wide = 128, kMoeTileRowsFp8Narrow = 64;
 constexpr int kMoeSparseRowsPerExpert = 16;  // the average rows an expert gets, up to which tiles are sparse
 constexpr int kMoeFp8NarrowRowsPerExpert = 48;  // ... up to which FP8 tiles hold 64 rows
