@@ -2,7 +2,9 @@
 # Nsight Compute on the prefill MoE (moe_fp8_wide_k: the first layer's FC1 and FC2) of one prefill step on
 # dummy full-size weights (GPU machine, from the repo root). The CUDA code is built with -lineinfo
 # (kernels/CMakeLists.txt), so the source page puts the stalls on lines of moe_fp8_wide.cu (moe_fp8_sparse.cu).
-# Usage: OUT=dir [MXSERVE=build/cli/mxserve] [PRESET=120b] [PP=2048] bash bench/device_ncu_moe.sh
+# Usage: OUT=dir [MXSERVE=build/cli/mxserve] [PRESET=120b] [PP=2048] [ARGS=...] bash bench/device_ncu_moe.sh
+# ARGS: more bench arguments, e.g. `--gpu-memory-utilization 0.3`: ncu backs up the device memory the process
+# holds before each replay pass, so a large KV pool makes the profile of 20b time out.
 # The sparse kernel of a wide decode step (moe_fp8_k: a 16-token pp step's 72 launches twice, then the
 # first decode step's first layer): KERNEL=moe_fp8_k SKIP=144 PP=16 TG=2 BATCH=128.
 # Out: moe.ncu-rep (the report), ncu.txt (its sections), source.csv (per SASS line, with the CUDA line:
@@ -18,7 +20,7 @@ timeout 300 "$NCU" --clock-control none --kernel-name regex:${KERNEL:-moe_fp8_wi
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
   --section WarpStateStats --section Occupancy --section LaunchStats --section SourceCounters \
   --import-source yes -f -o "$OUT/moe" \
-  "$BIN" bench --preset "${PRESET:-120b}" --pp "${PP:-2048}" --tg "${TG:-1}" --depth 0 --batch "${BATCH:-1}" --reps 1 > "$OUT/ncu.log" 2>&1
+  "$BIN" bench --preset "${PRESET:-120b}" --pp "${PP:-2048}" --tg "${TG:-1}" --depth 0 --batch "${BATCH:-1}" --reps 1 ${ARGS:-} > "$OUT/ncu.log" 2>&1
 echo "ncu rc=$?"
 "$NCU" --import "$OUT/moe.ncu-rep" --page details > "$OUT/ncu.txt" 2>&1
 "$NCU" --import "$OUT/moe.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/source.csv" 2>&1 || true
