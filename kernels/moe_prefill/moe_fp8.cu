@@ -98,9 +98,9 @@ void launch_fp8(const MoeGemmPrefillParams& p, cudaStream_t s) {
   if (p.K % 32 || p.N % 2 || p.K <= 0 || p.N <= 0) throw_error("moe fp8: K must be a multiple of 32 and N even");
   const int most = device_smem_optin();
   if (!p.row_smax) throw_error("moe fp8: needs the rows' largest scales (moe_row_max_scale)");
-  if (p.tile_rows == kMoeTileRowsSparse) fp8_moe::launch_sparse<kFc1>(p, most, s);
+  if (p.tile_rows == kMoeTileRowsSparse || p.tile_rows == kMoeTileRowsFp8Sparse) fp8_moe::launch_sparse<kFc1>(p, most, s);
   else if (p.tile_rows == kMoeTileRowsFp8Wide || p.tile_rows == kMoeTileRowsFp8Narrow) fp8_moe::launch_wide<kFc1>(p, most, s);
-  else throw_error("moe fp8: tiles of 16, 64 or 128 rows");
+  else throw_error("moe fp8: tiles of 16, 24, 64 or 128 rows");
   MX_CUDA(cudaGetLastError());
 }
 }  // namespace

@@ -1,5 +1,5 @@
 // What the FP8 MoE's kernel families share: the weights' E2M1 -> e4m3 conversion with the block scale folded
-// in, and the epilogue. The families: moe_fp8_sparse.cu (tiles of up to 16 sorted rows of one expert: decode
+// in, and the epilogue. The families: moe_fp8_sparse.cu (tiles of up to 16 or 24 sorted rows of one expert: decode
 // steps of 5-256 distinct sequences, short prompt chunks) and moe_fp8_wide.cu (tiles of 64 or 128 rows:
 // prefill, the widest decode steps); moe_fp8.cu has the entry points (moe_prefill.h) and hands each tile
 // height to its family.
@@ -20,9 +20,9 @@
 //     normal), as the B operand's two columns of a token: D[row][2j] + D[row][2j + 1]. FC1's input has
 //     one power-of-two scale a token (moe_quant_fp8); FC2's input, the SwiGLU output, is bounded by
 //     limit * (limit + 1) = 56 and takes a fixed factor of 4.
-//   - Sparse tiles: wgmma m64n32k32 with A from registers and B (the tile's 16 tokens x hi/lo, all of
-//     K, staged once per CTA) from shared memory; a CTA is four warpgroups = 256 weight rows
-//     (moe_fp8_sparse.cu). Prefill tiles: producer warpgroups and both operands in shared memory
+//   - Sparse tiles: wgmma m64n32k32 (n48) with A from registers and B (the tile's 16 (24) tokens x
+//     hi/lo, all of K, staged once per CTA) from shared memory; a CTA is four warpgroups = 256 weight
+//     rows (moe_fp8_sparse.cu). Prefill tiles: producer warpgroups and both operands in shared memory
 //     (moe_fp8_wide.cu).
 #pragma once
 #include <cstdint>

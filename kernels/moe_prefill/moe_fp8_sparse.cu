@@ -1,7 +1,8 @@
-// The FP8 MoE over sparse tiles (up to 16 sorted rows of one expert): the weights in registers, B in shared
+// The FP8 MoE over sparse tiles (up to 16 or 24 sorted rows of one expert): the weights in registers, B in shared
 // memory, a persistent grid of 256- or 128-row CTAs (the why of the FP8 path: moe_fp8_device.cuh).
 #include <algorithm>
 #include <atomic>
+#include <string>
 
 #include "kernels/common/async_copy.cuh"
 #include "kernels/common/cuda_check.h"
@@ -12,10 +13,12 @@ namespace mx::cuda::fp8_moe {
 namespace {
 
 // kWg warpgroups of 64 weight rows over one B staging: 4 (one CTA an SM) for matrices of more than 256 rows,
-// else 2 (two CTAs an SM; sparse_cta_warpgroups); kU segments of weights in flight a thread.
-[[maybe_unused]] constexpr int kU = 5;
-constexpr int kCols = 2 * kMoeTileRowsSparse;       // B columns: (hi, lo) of 16 tokens
-constexpr int kStepBytes = kCols * 32;              // one k32 step of B: [n/8][k half][n%8][16 bytes]
+// else 2 (two CTAs an SM; sparse_cta_warpgroups); kU segments of weights in flight a thread (4 beside 24-row
+// tiles' wider accumulators: 5 spills there).
+template <int kTile> constexpr int kUOf = kTile == 24 ? 4 : 5;
+// B of a kTile-token tile (kMoeTileRowsSparse or kMoeTileRowsFp8Sparse): (hi, lo) columns of each token, one
+// k32 step of them as [n/8][k half][n%8][16 bytes].
+template <int kTile> constexpr int kStepBytes = 2 * kTile * 32;
 
 #ifdef MX_WGMMA
 // K-major B without swizzle: core matrices of 8 columns x 16 bytes; 128 bytes to the next k half
@@ -48,21 +51,29 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[16], const uint32_t (&a)[4],
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
-// One segment's four k32 steps, waited for.
-template <int kAcc>
+__device__ __forceinline__ void wgmma_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+// One segment's four k32 steps (kStep: B's bytes a step), waited for.
+template <int kStep, int kAcc>
 __device__ __forceinline__ void mma4(float (&acc)[kAcc], const uint32_t (&f)[4][4], uint32_t d) {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-  for (int q = 0; q < 4; ++q) wgmma_rs(acc, f[q], b_desc(d + q * (kStepBytes >> 4)));
+  for (int q = 0; q < 4; ++q) wgmma_rs(acc, f[q], b_desc(d + q * (kStep >> 4)));
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 #endif
 
-template <bool kFc1, int kWg>
+template <bool kFc1, int kWg, int kTile>
 __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillParams p) {
 #ifdef MX_WGMMA
-  constexpr int kThreads = kWg * 128, kRows = kWg * 64;
+  constexpr int kThreads = kWg * 128, kRows = kWg * 64, kStep = kStepBytes<kTile>, kU = kUOf<kTile>;
   extern __shared__ __align__(128) uint8_t bsm[];
   // Persistent: a CTA walks a contiguous range of (tile, slice) items, tile-major, so its items mostly share
   // one tile's B, and the weight ring runs on into the next item's first segments (no CTA starts cold).
@@ -113,14 +124,14 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
       btile = tile;
       const int e = p.tile_expert[tile];
       row0 = p.tile_row0[tile];
-      rows = min(kMoeTileRowsSparse, p.offsets[e + 1] - row0);
+      rows = min(kTile, p.offsets[e + 1] - row0);
       // B: the tile's hi/lo rows over all of K. Rows past `rows` keep stale bytes: they feed only columns
       // whose outputs are dropped.
       const int chunks = rows * 2 * steps * 2;
       for (int c = tid; c < chunks; c += kThreads) {
         const int kc = c & 1, ks = (c >> 1) % steps, n = (c >> 1) / steps;
         const int src_row = kFc1 ? p.sorted_tok[row0 + (n >> 1)] : row0 + (n >> 1);
-        cp_async16(bsm + ks * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16,
+        cp_async16(bsm + ks * kStep + (n >> 3) * 256 + kc * 128 + (n & 7) * 16,
                    p.xq + size_t(src_row) * 2 * Kp + (n & 1) * Kp + ks * 32 + kc * 16);
       }
       cp_async_commit();
@@ -132,20 +143,20 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
         for (int c = tid; c < 4 * 2 * rows * 2 * (4 - tail); c += kThreads) {
           const int tt = tail + c % (4 - tail), r = c / (4 - tail);
           const int kc = r & 1, n = (r >> 1) % (2 * rows), q = (r >> 1) / (2 * rows);
-          *reinterpret_cast<uint32_t*>(bsm + (steps - 4 + q) * kStepBytes + (n >> 3) * 256 + kc * 128 + (n & 7) * 16 +
+          *reinterpret_cast<uint32_t*>(bsm + (steps - 4 + q) * kStep + (n >> 3) * 256 + kc * 128 + (n & 7) * 16 +
                                        4 * tt) = 0;
         }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncthreads();
     }
 
-    // The MMA only as wide as the tile's tokens (2 columns a token): n8 up to 4, n16 up to 8, else n32 (wn 0 /
-    // 1 / 2, uniform). Each segment's MMAs are waited for before the next one's conversion: their latency is
-    // the loop's.
-    const int wn = rows <= 4 ? 0 : rows <= 8 ? 1 : 2;
-    float acc[16];
+    // The MMA only as wide as the tile's tokens (2 columns a token): n8 up to 4, n16 up to 8, n32 up to 16,
+    // else n48 (wn 0 / 1 / 2 / 3, uniform). Each segment's MMAs are waited for before the next one's
+    // conversion: their latency is the loop's.
+    const int wn = rows <= 4 ? 0 : rows <= 8 ? 1 : rows <= 16 ? 2 : 3;
+    float acc[kTile];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) acc[j] = 0.f;
+    for (int j = 0; j < kTile; ++j) acc[j] = 0.f;
     const uint32_t d0 = b_desc_lo(smem_addr(bsm));
     for (int s0 = 0; s0 < Sp; s0 += kU) {
 #pragma unroll
@@ -167,15 +178,16 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
           e2m1x8_scaled(A[q], la, ha, f[q][0], f[q][2]);
           e2m1x8_scaled(B[q], lb, hb, f[q][1], f[q][3]);
         }
-        const uint32_t db = d0 + 4 * s * (kStepBytes >> 4);
-        if (wn == 0) mma4(reinterpret_cast<float(&)[4]>(acc), f, db);
-        else if (wn == 1) mma4(reinterpret_cast<float(&)[8]>(acc), f, db);
-        else mma4(acc, f, db);
+        const uint32_t db = d0 + 4 * s * (kStep >> 4);
+        if (wn == 0) mma4<kStep>(reinterpret_cast<float(&)[4]>(acc), f, db);
+        else if (wn == 1) mma4<kStep>(reinterpret_cast<float(&)[8]>(acc), f, db);
+        else if (kTile == kMoeTileRowsSparse || wn == 2) mma4<kStep>(reinterpret_cast<float(&)[16]>(acc), f, db);
+        else mma4<kStep>(acc, f, db);  // n48: 24-row tiles
       }
     }
 
     const uint32_t nsmax = smax_of(nxt);  // its latency under the epilogue's
-    if (rA < p.N) epilogue<kFc1>(p, acc, epilogue_in<kFc1, 4>(p, size_t(cur), row0, rows, t), row0, rows, rA, smax & 0xFF, smax >> 8, t);
+    if (rA < p.N) epilogue<kFc1>(p, acc, epilogue_in<kFc1, kTile / 4>(p, size_t(cur), row0, rows, t), row0, rows, rA, smax & 0xFF, smax >> 8, t);
     cur = nxt;
     smax = nsmax;
   }
@@ -187,13 +199,20 @@ __global__ void __launch_bounds__(kWg * 128, 4 / kWg) moe_fp8_k(MoeGemmPrefillPa
 // matrix (FC2, and FC1 under TP=2) is a quarter live (docs/perf.md, sessions 32 and 55).
 int sparse_cta_warpgroups(int N) { return N > 256 ? 4 : 2; }
 
-// A sparse CTA: kWg warpgroups, each an m64 block of weight rows.
-template <bool kFc1, int kWg>
-void launch_grid(const MoeGemmPrefillParams& p, size_t smem, cudaStream_t s) {
+// A sparse CTA: kWg warpgroups, each an m64 block of weight rows, over tiles of kTile rows.
+template <bool kFc1, int kWg, int kTile>
+void launch_grid(const MoeGemmPrefillParams& p, cudaStream_t s) {
   constexpr int rows = kWg * 64;
+  const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes<kTile>;
   const int items = p.max_tiles * ((p.N + rows - 1) / rows);  // at most: the tile count is on the device
+  // (Two 128-row CTAs of 24-row tiles do not fit an SM at K 2,880: they run as they fit; N <= 256 is a test shape.)
   const int ctas = p.max_ctas > 0 ? p.max_ctas : device_sm_count() * (4 / kWg);
-  moe_fp8_k<kFc1, kWg><<<std::min(items, ctas), kWg * 128, smem, s>>>(p);
+  moe_fp8_k<kFc1, kWg, kTile><<<std::min(items, ctas), kWg * 128, smem, s>>>(p);
+}
+template <bool kFc1, int kTile>
+void launch_tile(const MoeGemmPrefillParams& p, cudaStream_t s) {
+  if (sparse_cta_warpgroups(p.N) == 4) launch_grid<kFc1, 4, kTile>(p, s);
+  else launch_grid<kFc1, 2, kTile>(p, s);
 }
 
 }  // namespace
@@ -202,12 +221,17 @@ template <bool kFc1>
 void launch_sparse(const MoeGemmPrefillParams& p, int smem_optin, cudaStream_t s) {
   static std::atomic<unsigned long long> ready{0};
   once_per_device(ready, [smem_optin] {
-    MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
-    MX_CUDA(cudaFuncSetAttribute(moe_fp8_k<kFc1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
+    auto optin = [smem_optin](auto* k) { MX_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin)); };
+    optin(moe_fp8_k<kFc1, 2, kMoeTileRowsSparse>);
+    optin(moe_fp8_k<kFc1, 4, kMoeTileRowsSparse>);
+    optin(moe_fp8_k<kFc1, 2, kMoeTileRowsFp8Sparse>);
+    optin(moe_fp8_k<kFc1, 4, kMoeTileRowsFp8Sparse>);
   });
-  const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes;
-  if (sparse_cta_warpgroups(p.N) == 4) launch_grid<kFc1, 4>(p, smem, s);
-  else launch_grid<kFc1, 2>(p, smem, s);
+  const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes<kMoeTileRowsFp8Sparse>;
+  if (p.tile_rows == kMoeTileRowsFp8Sparse && smem > size_t(smem_optin))
+    throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
+  if (p.tile_rows == kMoeTileRowsFp8Sparse) launch_tile<kFc1, kMoeTileRowsFp8Sparse>(p, s);
+  else launch_tile<kFc1, kMoeTileRowsSparse>(p, s);
 }
 template void launch_sparse<true>(const MoeGemmPrefillParams&, int, cudaStream_t);
 template void launch_sparse<false>(const MoeGemmPrefillParams&, int, cudaStream_t);

@@ -16,13 +16,18 @@ namespace mx::cuda {
 // Sorted rows are cut into tiles of one expert. Prefill tiles hold 64 rows (on the FP8 path, which converts
 // an expert's weights once a tile, 128 above kMoeFp8NarrowRowsPerExpert rows an expert; its 64-row tiles, one
 // token sub-tile, run a deeper stage ring and a B-copy warpgroup); a wide decode step gives most experts a
-// few rows, and there 16-row tiles stream the weights with far less token staging.
+// few rows, and there 16-row tiles stream the weights with far less token staging. The FP8 path's sparse
+// tiles hold 24 rows above kMoeFp8SparseRowsPerExpert rows an expert: near 16 an expert, 16-row tiles would
+// cut about half the experts in two and read their weights twice.
 constexpr int kMoeTileRowsPrefill = 64, kMoeTileRowsSparse = 16, kMoeTileRowsFp8Wide = 128, kMoeTileRowsFp8Narrow = 64;
+constexpr int kMoeTileRowsFp8Sparse = 24;
 constexpr int kMoeSparseRowsPerExpert = 16;  // the average rows an expert gets, up to which tiles are sparse
+constexpr int kMoeFp8SparseRowsPerExpert = 8;  // ... above which FP8 sparse tiles hold 24 rows
 constexpr int kMoeFp8NarrowRowsPerExpert = 48;  // ... up to which FP8 tiles hold 64 rows
 
 inline int moe_prefill_tile_rows(int T, int k, int E, bool fp8 = false) {
-  if (T * k <= kMoeSparseRowsPerExpert * E) return kMoeTileRowsSparse;
+  if (T * k <= kMoeSparseRowsPerExpert * E)
+    return fp8 && T * k > kMoeFp8SparseRowsPerExpert * E ? kMoeTileRowsFp8Sparse : kMoeTileRowsSparse;
   if (!fp8) return kMoeTileRowsPrefill;
   return T * k <= kMoeFp8NarrowRowsPerExpert * E ? kMoeTileRowsFp8Narrow : kMoeTileRowsFp8Wide;
 }
@@ -96,7 +101,8 @@ void moe_combine_prefill(const float* y_slot, float* resid, int T, int k, int H,
 // ---- Wide steps on FP8 tensor cores (sm_90a wgmma; moe_fp8_device.cuh has the why) ----
 // Operands are e4m3 hi/lo rows: x 2^xs = hi + lo, the hi row then the lo row, each moe_fp8_kpad(K)
 // bytes with value v at moe_fp8_pos(v) (the k order the kernel's A fragments take), zeros past K.
-// Tiles of kMoeTileRowsSparse, kMoeTileRowsFp8Narrow or kMoeTileRowsFp8Wide rows (moe_prefill_tile_rows(T, k, E, true)).
+// Tiles of kMoeTileRowsSparse, kMoeTileRowsFp8Sparse, kMoeTileRowsFp8Narrow or kMoeTileRowsFp8Wide rows
+// (moe_prefill_tile_rows(T, k, E, true)).
 constexpr float kMoeFp8ActScale = 4.f;  // FC2's operand: |SwiGLU| <= limit * (limit + 1) = 56 -> 224 < 448
 __host__ __device__ inline int moe_fp8_kpad(int K) { return (K + 127) / 128 * 128; }
 __host__ __device__ inline int moe_fp8_pos(int v) {

@@ -26,7 +26,8 @@ T* dev(size_t n, int fill = 0xff) {
   return d;
 }
 
-// tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64 (bf16) or 16, 64 or 128 (fp8).
+// tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64 (bf16) or 16, 24, 64 or
+// 128 (fp8).
 // fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16-, 64- or 128-row tiles.
 // wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
 // row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
@@ -216,6 +217,14 @@ INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                                            Case{65, 32, 256, 320, false, 16, true, false, 5},
                                            Case{37, 8, 384, 1440, false, 16, true, false, 4},
                                            Case{9, 16, 256, 96, false, 16, true, false, 2},
+                                           // 24-row sparse tiles (every MMA width up to n48; B 141 KB at K
+                                           // 2,880; experts split over tiles; few CTAs; two CTAs an SM at N 256)
+                                           Case{32, 8, 2880, 2880, false, 24, true},
+                                           Case{100, 8, 256, 320, false, 24, true},
+                                           Case{333, 128, 128, 128, true, 24, true},
+                                           Case{37, 8, 384, 1440, false, 24, true},
+                                           Case{65, 32, 256, 320, false, 24, true, false, 5},
+                                           Case{9, 16, 256, 96, false, 24, true, false, 2},
                                            // prefill tiles (128 rows: two sub-tiles of 64)
                                            Case{333, 128, 128, 128, true, 128, true},
                                            Case{65, 32, 256, 320, false, 128, true},
