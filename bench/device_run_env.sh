@@ -13,7 +13,7 @@ _mx_unxz() {
   else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$1" && rm -f "$1"; fi
 }
 for _f in "$BIN"/*.xz "$BIN"/*/*.xz; do [ -e "$_f" ] && _mx_unxz "$_f"; done
-for _f in "$BIN"/*/mxserve "$BIN"/*/test_kernels "$BIN"/test_kernels; do [ -e "$_f" ] && chmod +x "$_f"; done
+for _f in "$BIN"/*/mxserve "$BIN"/*/moe_fp8_bench "$BIN"/*/test_kernels "$BIN"/test_kernels; do [ -e "$_f" ] && chmod +x "$_f"; done
 if [ -e "$BIN/assets/tokenizer.json" ] && [ ! -e .assets/tokenizer/tokenizer.json ]; then
   mkdir -p .assets/tokenizer && cp "$BIN"/assets/* .assets/tokenizer/
 fi

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run HERE after `cmake --build --preset release`: packs what a device call carries (`carry: [".devrun"]`)
 # for the bench/device_*.sh scripts, xz-compressed (bench/device_run_env.sh unpacks it there):
-# .devrun/NAME/mxserve.xz (NAME: new, or the first argument, e.g. base), .devrun/test_kernels.xz (with
-# new), .devrun/lib/ (the Debian libraries the GPU machine lacks) and .devrun/assets/ (the tokenizer, for
+# .devrun/NAME/mxserve.xz and moe_fp8_bench.xz (NAME: new, or the first argument, e.g. base),
+# .devrun/test_kernels.xz (with new), .devrun/lib/ (the Debian libraries the GPU machine lacks) and .devrun/assets/ (the tokenizer, for
 # the tests and the server: 2.9 MB instead of 27). A binary is ~4.5 MB: about ten fit the 64 MiB a call
 # carries. Only tracked or ignored paths travel: .devrun/ is git-ignored through .git/info/exclude.
 # `pack-devrun.sh NAME REF` packs REF's mxserve instead (a WIP branch for an A/B): it applies HEAD...REF to a
@@ -32,6 +32,8 @@ if [ $# -ge 2 ]; then
   xz -6 -T2 -c build/cli/mxserve > .devrun/"$name"/mxserve.xz
   # WITH_TESTS=1: its test_kernels too (device_run_env.sh makes .devrun/NAME/test_kernels runnable)
   if [ "${WITH_TESTS:-0}" = 1 ]; then xz -6 -T2 -c build/tests/test_kernels > .devrun/"$name"/test_kernels.xz; fi
+  # its moe_fp8_bench too (0.7 MB): the MoE GEMMs alone on routing that does not depend on their outputs
+  [ ! -e bench/moe_fp8_bench.cu ] || xz -6 -T2 -c build/bench/moe_fp8_bench > .devrun/"$name"/moe_fp8_bench.xz
   pack_common
   echo "packed $2 as .devrun/$name"
   exit 0
@@ -44,5 +46,6 @@ if [ -n "$stale" ]; then echo "pack-devrun: build/cli/mxserve is older than $sta
 mkdir -p .devrun/"$name"
 xz -6 -T2 -c build/cli/mxserve > .devrun/"$name"/mxserve.xz
 if [ "$name" = new ]; then xz -6 -T2 -c build/tests/test_kernels > .devrun/test_kernels.xz; fi
+xz -6 -T2 -c build/bench/moe_fp8_bench > .devrun/"$name"/moe_fp8_bench.xz
 pack_common
 du -sh .devrun
