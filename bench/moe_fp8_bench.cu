@@ -15,20 +15,12 @@
 
 #include <cuda_runtime.h>
 
+#include "bench/cuda_bench_util.cuh"
 #include "kernels/moe_prefill/moe_prefill.h"
 
 using namespace mx::cuda;
 
 namespace {
-
-#define CK(x)                                                                   \
-  do {                                                                          \
-    cudaError_t e_ = (x);                                                       \
-    if (e_ != cudaSuccess) {                                                    \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));             \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
 
 // Random bytes on the device (weights are GBs at 120b: a host generator would take seconds); span > 0: lo +
 // [0, span) (the E8M0 scales, near 2^-7).
@@ -56,20 +48,6 @@ T* to_dev(const std::vector<T>& v) {
   T* p = dev<T>(v.size());
   CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
-}
-template <class F>
-double time_ms(F f, int iters) {
-  f();
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  return ms / iters;
 }
 uint16_t bf16(float f) {
   uint32_t u;

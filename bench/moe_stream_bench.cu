@@ -22,21 +22,13 @@
 
 #include <cuda_runtime.h>
 
+#include "bench/cuda_bench_util.cuh"
 #include "kernels/decode/mma_tile.cuh"
 
 namespace {
 
 enum Pattern { kRowsScaled, kRowsNoScale, kPackedScaled, kPackedNoScale, kChunk, kRowsL2_128, kRowsL2_256 };
 const char* const kNames[] = {"rows", "rows-noscale", "packed", "packed-noscale", "chunk", "rows-l2-128", "rows-l2-256"};
-
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t err_ = (x);                                                        \
-    if (err_ != cudaSuccess) {                                                     \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(err_));              \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
 
 using mx::cuda::mma::ldg_stream;  // <kL2>: the bytes an L2 miss fetches (0: the default sector)
 
@@ -105,26 +97,6 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps)
     }
   }
   if (acc == 0x9E3779B9u) sink[0] = acc;  // keeps the loads; (almost) never taken
-}
-
-// Milliseconds a call of f takes, over `iters` calls after one (checked) warm-up.
-template <class F>
-double time_ms(F f, int iters) {
-  f();
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  for (int i = 0; i < iters; ++i) f();
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms / iters;
 }
 
 template <int kPat, int kU, int kWarps>
