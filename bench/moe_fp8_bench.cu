@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
 #include <cuda_runtime.h>
 
 #include "bench/cuda_bench_util.cuh"
+#include "core/bf16.h"
 #include "kernels/moe_prefill/moe_prefill.h"
 
 using namespace mx::cuda;
@@ -48,11 +48,6 @@ T* to_dev(const std::vector<T>& v) {
   T* p = dev<T>(v.size());
   CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return p;
-}
-uint16_t bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
 }  // namespace
@@ -87,7 +82,7 @@ int main(int argc, char** argv) {
   const int routed = int(std::count(used.begin(), used.end(), 1));
   std::uniform_real_distribution<float> u(-1, 1);
   std::vector<uint16_t> x(size_t(T) * H);
-  for (auto& v : x) v = bf16(u(g));
+  for (auto& v : x) v = mx::f32_to_bf16(u(g));
 
   MoeRouteParams r;
   r.topk_idx = to_dev(idx); r.topk_w = to_dev(w); r.T = T; r.k = k; r.E = E;

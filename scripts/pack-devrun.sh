@@ -2,8 +2,8 @@
 # Run HERE after `cmake --build --preset release`: packs what a device call carries (`carry: [".devrun"]`)
 # for the bench/device_*.sh scripts, xz-compressed (bench/device_run_env.sh unpacks it there):
 # .devrun/NAME/mxserve.xz and moe_fp8_bench.xz (NAME: new, or the first argument, e.g. base),
-# .devrun/test_kernels.xz (with new), .devrun/lib/ (the Debian libraries the GPU machine lacks) and .devrun/assets/ (the tokenizer, for
-# the tests and the server: 2.9 MB instead of 27). A binary is ~4.5 MB: about ten fit the 64 MiB a call
+# .devrun/test_kernels.xz (with new), .devrun/lib/ (the Debian libraries the GPU machine lacks) and
+# .devrun/assets/ (the tokenizer, for the tests and the server: 2.9 MB instead of 27). A binary is ~4.5 MB: about ten fit the 64 MiB a call
 # carries. Only tracked or ignored paths travel: .devrun/ is git-ignored through .git/info/exclude.
 # `pack-devrun.sh NAME REF` packs REF's mxserve instead (a WIP branch for an A/B): it applies HEAD...REF to a
 # clean work tree, builds, packs (WITH_TESTS=1: its test_kernels too) and puts the tree back (rebuild before

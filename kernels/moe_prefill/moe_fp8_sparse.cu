@@ -201,18 +201,20 @@ int sparse_cta_warpgroups(int N) { return N > 256 ? 4 : 2; }
 
 // A sparse CTA: kWg warpgroups, each an m64 block of weight rows, over tiles of kTile rows.
 template <bool kFc1, int kWg, int kTile>
-void launch_grid(const MoeGemmPrefillParams& p, cudaStream_t s) {
+void launch_grid(const MoeGemmPrefillParams& p, int smem_optin, cudaStream_t s) {
   constexpr int rows = kWg * 64;
   const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes<kTile>;
+  if (smem > size_t(smem_optin))
+    throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
   const int items = p.max_tiles * ((p.N + rows - 1) / rows);  // at most: the tile count is on the device
   // (Two 128-row CTAs of 24-row tiles do not fit an SM at K 2,880: they run as they fit; N <= 256 is a test shape.)
   const int ctas = p.max_ctas > 0 ? p.max_ctas : device_sm_count() * (4 / kWg);
   moe_fp8_k<kFc1, kWg, kTile><<<std::min(items, ctas), kWg * 128, smem, s>>>(p);
 }
 template <bool kFc1, int kTile>
-void launch_tile(const MoeGemmPrefillParams& p, cudaStream_t s) {
-  if (sparse_cta_warpgroups(p.N) == 4) launch_grid<kFc1, 4, kTile>(p, s);
-  else launch_grid<kFc1, 2, kTile>(p, s);
+void launch_tile(const MoeGemmPrefillParams& p, int smem_optin, cudaStream_t s) {
+  if (sparse_cta_warpgroups(p.N) == 4) launch_grid<kFc1, 4, kTile>(p, smem_optin, s);
+  else launch_grid<kFc1, 2, kTile>(p, smem_optin, s);
 }
 
 }  // namespace
@@ -227,11 +229,8 @@ void launch_sparse(const MoeGemmPrefillParams& p, int smem_optin, cudaStream_t s
     optin(moe_fp8_k<kFc1, 2, kMoeTileRowsFp8Sparse>);
     optin(moe_fp8_k<kFc1, 4, kMoeTileRowsFp8Sparse>);
   });
-  const size_t smem = size_t(moe_fp8_kpad(p.K) / 32) * kStepBytes<kMoeTileRowsFp8Sparse>;
-  if (p.tile_rows == kMoeTileRowsFp8Sparse && smem > size_t(smem_optin))
-    throw_error("moe fp8: K = " + std::to_string(p.K) + " needs more shared memory than the GPU has");
-  if (p.tile_rows == kMoeTileRowsFp8Sparse) launch_tile<kFc1, kMoeTileRowsFp8Sparse>(p, s);
-  else launch_tile<kFc1, kMoeTileRowsSparse>(p, s);
+  if (p.tile_rows == kMoeTileRowsFp8Sparse) launch_tile<kFc1, kMoeTileRowsFp8Sparse>(p, smem_optin, s);
+  else launch_tile<kFc1, kMoeTileRowsSparse>(p, smem_optin, s);
 }
 template void launch_sparse<true>(const MoeGemmPrefillParams&, int, cudaStream_t);
 template void launch_sparse<false>(const MoeGemmPrefillParams&, int, cudaStream_t);

@@ -28,7 +28,7 @@ T* dev(size_t n, int fill = 0xff) {
 
 // tile_rows: 0 = the engine's choice for T (moe_prefill_tile_rows), else forced to 16 or 64 (bf16) or 16, 24, 64 or
 // 128 (fp8).
-// fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16-, 64- or 128-row tiles.
+// fp8: the FP8 path (moe_quant_fp8 + moe_fc1_fp8 + moe_fc2_fp8) on 16-, 24-, 64- or 128-row tiles.
 // wide_scales: E8M0 scales over 31 octaves, so the FP8 path reads the groups more than 11 below their
 // row's largest as zeros (docs/equivalence.md: under 2^-11 of the row's largest weights).
 // ctas: the FP8 kernels' persistent grid, fewer CTAs than SMs so each walks many items.
@@ -198,7 +198,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MoePrefill,
 // The FP8 path on the same shape classes: K of 3..90 groups (full and partial 128-value segments:
 // 256, 320, 192, 2880 = 22.5 segments, 1440 = 11.25), N not a multiple of the CTA (256 rows: 5,760 =
 // 22.5 CTAs, 2,880 = 11.25, 640 = 2.5, 384 = 1.5; 128 rows: sparse_cta_warpgroups picks them up to 256 rows:
-// 256, 192, 128), 1..16 rows a tile.
+// 256, 192, 128), 1..16 (1..24) rows a tile.
 INSTANTIATE_TEST_SUITE_P(Fp8, MoePrefill,
                          ::testing::Values(Case{1, 16, 256, 256, false, 16, true},
                                            Case{7, 32, 256, 320, false, 16, true},
